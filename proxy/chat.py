@@ -1,0 +1,82 @@
+"""Neutral chat types shared by the protocol adapters, the tokenizer and the session.
+
+Messages are plain HF chat-template dicts (what ``tokenizer.apply_chat_template`` takes),
+so the model's own template renders them without another translation layer:
+
+    {"role": "system"|"user"|"assistant"|"tool", "content": str,
+     "reasoning_content": str (assistant, optional),
+     "tool_calls": [{"id": str, "type": "function",
+                     "function": {"name": str, "arguments": dict}}] (assistant, optional),
+     "tool_call_id": str (tool, optional), "name": str (tool, optional)}
+
+Tools are OpenAI function specs: ``{"type": "function", "function": {"name", "description", "parameters"}}``.
+This module is pure: no I/O, no framework imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Message = dict[str, Any]
+ToolSpec = dict[str, Any]
+Protocol = Literal["anthropic", "openai"]
+FinishReason = Literal["stop", "length", "tool_calls", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings for one turn. ``max_tokens`` None means "up to the context limit"."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class ChatRequest:
+    """One protocol request, translated into the neutral format."""
+
+    protocol: Protocol
+    messages: list[Message]
+    tools: list[ToolSpec] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = False
+    tool_choice: Any = None
+    model: str | None = None
+    # Fields the client sent that the proxy does not act on; logged, never silently dropped.
+    ignored_fields: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ParsedOutput:
+    """Generated text split into reasoning, visible text and tool calls.
+
+    A tool call that could not be parsed stays in ``content`` as text and is counted in
+    ``parse_failures`` so the trajectory keeps the signal.
+    """
+
+    content: str
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    parse_failures: int = 0
+
+
+@dataclass
+class TurnOutcome:
+    """What the session hands back to a protocol adapter after one generation."""
+
+    parsed: ParsedOutput
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
