@@ -80,3 +80,33 @@ class TurnOutcome:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+
+
+@dataclass
+class Generation:
+    """Exactly what the backend produced for one turn (possibly stitched across aborts).
+
+    ``routed_experts`` is None for dense models, else an integer array of shape
+    [prompt_len + len(token_ids) - 1, layers, top_k] as vLLM returns it (R3).
+    """
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    routed_experts: Any = None  # numpy.ndarray | None
+    replica: str = ""
+    resumed_after_abort: int = 0
+
+
+def assistant_message(parsed: ParsedOutput) -> Message:
+    """The neutral assistant message a client will echo back for ``parsed``."""
+    msg: Message = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning:
+        msg["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        msg["tool_calls"] = [
+            {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
+            for tc in parsed.tool_calls
+        ]
+    return msg
