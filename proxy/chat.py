@@ -47,6 +47,11 @@ class ChatRequest:
     stream: bool = False
     tool_choice: Any = None
     model: str | None = None
+    # Whether the client asked for thinking (Anthropic ``thinking``, OpenAI ``reasoning_effort``
+    # or vLLM ``chat_template_kwargs.enable_thinking``); None means the client did not say.
+    thinking: bool | None = None
+    # OpenAI ``stream_options.include_usage``: send a final usage chunk when streaming.
+    stream_usage: bool = False
     # Fields the client sent that the proxy does not act on; logged, never silently dropped.
     ignored_fields: tuple[str, ...] = ()
 
@@ -80,6 +85,9 @@ class TurnOutcome:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    # The client stop string that ended the turn (vLLM's ``stop_reason`` when it is a string);
+    # Anthropic reports it as ``stop_reason: "stop_sequence"``.
+    stop_sequence: str | None = None
 
 
 @dataclass
