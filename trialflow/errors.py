@@ -1,0 +1,173 @@
+"""The pipeline's error tree. Every failure has a type and a retry rule.
+
+::
+
+    TrialflowError                      base; `retryable` says whether Temporal may retry
+    ├── TaskError                       the task directory itself is unusable      (never retried)
+    │   ├── TaskInvalid                 bad/missing file or field; names `file` and `field`
+    │   └── UnsupportedEnvironment      e.g. environment/docker-compose.yaml
+    ├── SandboxError
+    │   ├── ImageBuildFailed            the Dockerfile does not build; carries the log tail (never retried)
+    │   │   └── ImageBuildTimeout       build ran past [environment].build_timeout_sec  (retried: slow host)
+    │   ├── ImageUnavailable            [environment].docker_image is not present locally (never retried)
+    │   ├── SandboxStartFailed          container could not be created/started        (retried)
+    │   ├── SandboxLost                 container or engine vanished mid-trial         (retried)
+    │   └── SandboxPathNotFound         download() of a path that does not exist      (never retried)
+    ├── VerifierError                   classification of a VerifierResult, not raised by the verifier
+    │   ├── VerifierTimeout             test.sh ran past [verifier].timeout_sec        (never retried)
+    │   └── RewardMissing               no reward.json / reward.txt, or unparseable    (never retried)
+    ├── ScaffoldError
+    │   ├── UnknownScaffold             also a KeyError; lists the registered names   (never retried)
+    │   └── ScaffoldSetupFailed         the scaffold could not be prepared in the sandbox (retried)
+    └── StorageError                    the result store failed (network, 5xx)          (retried)
+        └── ObjectNotFound              key/URI does not exist                          (never retried)
+
+Exit codes of commands, agents and test scripts are data (`ExecResult`, `ScaffoldResult`,
+`VerifierResult`), never exceptions. Verifier outcomes are data too:
+`VerifierResult.error()` returns a `VerifierError` instance to classify the outcome
+without raising it, so a failure is never reported through two channels.
+
+Temporal integration (activities): convert with `ApplicationError(str(e), type=type(e).__name__,
+non_retryable=not e.retryable)`; `NON_RETRYABLE_TYPES` lists the names for a `RetryPolicy`.
+"""
+
+from __future__ import annotations
+
+
+class TrialflowError(Exception):
+    """Base of every pipeline error. `retryable` is the retry rule for the whole subtree
+    unless a subclass overrides it."""
+
+    retryable: bool = False
+
+
+class TaskError(TrialflowError):
+    """The task directory is unusable; retrying cannot help."""
+
+    retryable = False
+
+
+class TaskInvalid(TaskError):
+    """A task file or field is missing or invalid.
+
+    `file` is relative to the task dir (e.g. "task.toml", "tests/test.sh"); `field` is a
+    dotted path inside that file (e.g. "verifier.timeout_sec") or None for the whole file.
+    """
+
+    def __init__(self, task_dir: str, file: str, field: str | None, message: str) -> None:
+        self.task_dir = task_dir
+        self.file = file
+        self.field = field
+        self.message = message
+        where = f"{file}:{field}" if field else file
+        super().__init__(f"invalid task {task_dir}: {where}: {message}")
+
+
+class UnsupportedEnvironment(TaskError):
+    """The task asks for an environment kind this pipeline cannot run."""
+
+
+class SandboxError(TrialflowError):
+    """Failures of the sandbox layer (image, container, engine)."""
+
+
+class ImageBuildFailed(SandboxError):
+    """The task's Dockerfile failed to build. `log_tail` holds the last build output lines."""
+
+    retryable = False
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        super().__init__(f"{message}\n--- build log tail ---\n{log_tail}" if log_tail else message)
+
+
+class ImageBuildTimeout(ImageBuildFailed):
+    """The build ran past its timeout. Retryable: a loaded host is the usual cause."""
+
+    retryable = True
+
+
+class ImageUnavailable(SandboxError):
+    """A prebuilt image named by the task is not present and pulls are impossible here."""
+
+    retryable = False
+
+
+class SandboxStartFailed(SandboxError):
+    """The container could not be created or started (engine hiccup, resource limits)."""
+
+    retryable = True
+
+
+class SandboxLost(SandboxError):
+    """The container (or the engine) disappeared while the trial still needed it."""
+
+    retryable = True
+
+
+class SandboxPathNotFound(SandboxError, FileNotFoundError):
+    """A path asked for by `download()` does not exist in the sandbox."""
+
+    retryable = False
+
+
+class VerifierError(TrialflowError):
+    """Classifies a failed verification; see `VerifierResult.error()`."""
+
+    retryable = False
+
+
+class VerifierTimeout(VerifierError):
+    """tests/test.sh ran past [verifier].timeout_sec."""
+
+
+class RewardMissing(VerifierError):
+    """The verifier wrote no reward file, or one that does not parse."""
+
+
+class ScaffoldError(TrialflowError):
+    """Failures of the agent scaffold layer (not the agent's own exit code)."""
+
+
+class UnknownScaffold(ScaffoldError, KeyError):
+    """No scaffold registered under that name; the message lists the names available."""
+
+    retryable = False
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ScaffoldSetupFailed(ScaffoldError):
+    """The scaffold could not be installed or configured inside the sandbox."""
+
+    retryable = True
+
+
+class StorageError(TrialflowError):
+    """The result store failed (connection, server error)."""
+
+    retryable = True
+
+
+class ObjectNotFound(StorageError, KeyError):
+    """The key or URI does not exist in the store."""
+
+    retryable = False
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+NON_RETRYABLE_TYPES: tuple[str, ...] = tuple(
+    sorted({c.__name__ for c in [TrialflowError, *_all_subclasses(TrialflowError)] if not c.retryable})
+)
+"""Names of every non-retryable error type, for `RetryPolicy(non_retryable_error_types=...)`."""

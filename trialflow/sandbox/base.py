@@ -1,0 +1,153 @@
+"""Sandbox and SandboxBackend ABCs: the only surface the pipeline uses to run things.
+
+Lifecycle of a `Sandbox`::
+
+    backend.create(task, trial_id=..., labels=..., mounts=...)   image ready, container created (not running)
+      -> sandbox.start()                                          container running; idempotent
+      -> sandbox.exec / upload / download   (any number, any order; concurrent calls allowed)
+      -> sandbox.stop()                                           container removed; idempotent, also
+                                                                  after SandboxLost or on a never-started sandbox
+
+After a Temporal activity retry on the same host, `backend.attach(sandbox.id)` returns a
+handle to the same running sandbox (raises `SandboxLost` if it is gone). Leaked sandboxes
+(worker crash) are removed by `backend.reap(older_than_s)`.
+
+Contracts every implementation keeps:
+- `exec` returns exit codes as data (`ExecResult`), never raises for a failing command. A
+  timeout kills the command's process group and returns `timed_out=True` (exit code is then
+  whatever the kill produced, typically 137). Infrastructure failures raise `SandboxLost`.
+- `upload(local, remote_dir)`: a file lands at `remote_dir/<basename>`; a directory's
+  *contents* land in `remote_dir` (created if missing). `download(remote, local_dir)` is the
+  mirror: a file lands at `local_dir/<basename>`, a directory's contents in `local_dir`.
+  Both preserve file modes. A missing remote path raises `SandboxPathNotFound`.
+- Every method is async; implementations over blocking clients run them in threads.
+
+A Kubernetes backend fits the same ABCs: create -> Pod spec (image from the same env-hash
+tag in a registry, resources from the task, hostPath or CSI volumes for `mounts`, labels as
+pod labels), exec -> the pods/exec subresource, upload/download -> tar over exec, reap ->
+label selector + creationTimestamp. Nothing here assumes Docker.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trialflow.tasks import Task
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one command. Output is decoded UTF-8 (invalid bytes replaced) and may be
+    truncated to the backend's output cap (the tail is kept, prefixed by a marker line)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path made visible inside the sandbox (read-only unless said otherwise).
+    Used to mount host-installed scaffold CLIs (node, claude, opencode) into sandboxes."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+
+class Sandbox(abc.ABC):
+    """One isolated environment for one trial attempt. See the module docstring."""
+
+    @property
+    @abc.abstractmethod
+    def id(self) -> str:
+        """Stable identifier, valid for `SandboxBackend.attach` on the same host."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start the sandbox. Idempotent. Raises SandboxStartFailed."""
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | int | None = None,
+        workdir: str | None = None,
+    ) -> ExecResult:
+        """Run `cmd` (a string goes through `bash -c`; a sequence is exec'd as argv).
+
+        `timeout_s=None` means no limit. `user=None` uses the image's default user.
+        `workdir=None` uses the task's `[environment].workdir`, else the image's WORKDIR.
+        `env` is added to the image's environment (and the task's `[environment].env`).
+        """
+
+    @abc.abstractmethod
+    async def upload(self, local_path: str | Path, remote_dir: str) -> None:
+        """Copy a local file or a directory's contents into `remote_dir`."""
+
+    @abc.abstractmethod
+    async def download(self, remote_path: str, local_dir: str | Path) -> Path:
+        """Copy a remote file or directory's contents into `local_dir`; returns the local
+        path of the file, or `local_dir` for a directory."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop and remove the sandbox. Idempotent; never raises for an absent sandbox."""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """Result of preparing a task image: `built` is False on a cache hit."""
+
+    tag: str
+    image_id: str
+    built: bool
+    duration_s: float
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    removed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class SandboxBackend(abc.ABC):
+    """Creates sandboxes for tasks. One instance per worker process, shared by activities."""
+
+    @abc.abstractmethod
+    async def create(
+        self,
+        task: Task,
+        *,
+        trial_id: str,
+        labels: Mapping[str, str] | None = None,
+        mounts: Sequence[Mount] = (),
+    ) -> Sandbox:
+        """Prepare the image (build or cache hit) and create a not-yet-started sandbox.
+
+        Raises ImageBuildFailed / ImageBuildTimeout / ImageUnavailable / SandboxStartFailed.
+        """
+
+    @abc.abstractmethod
+    async def attach(self, sandbox_id: str) -> Sandbox:
+        """Handle to an existing sandbox by id. Raises SandboxLost if it no longer exists."""
+
+    @abc.abstractmethod
+    async def reap(self, older_than_s: float) -> ReapReport:
+        """Remove managed sandboxes created more than `older_than_s` seconds ago.
+        `older_than_s=0` removes every managed sandbox of this backend."""
