@@ -1,0 +1,213 @@
+"""vLLM ``POST /v1/completions`` client, token-in/token-out.
+
+The proxy owns the tokens: it sends the prompt as a list of ids and reads back the
+sampled ids, their logprobs and (for MoE models) the routed experts, so nothing is
+re-tokenized. Request body (vLLM 0.32 field names)::
+
+    {"model", "prompt": [ids], "max_tokens", "temperature", "top_p", "top_k"?, "seed"?,
+     "stop"?, "logprobs": 1, "return_token_ids": true, "skip_special_tokens": false,
+     "include_stop_str_in_output": true, "stream": false}
+
+Response fields read: ``choices[0].token_ids``, ``choices[0].prompt_token_ids`` (falls
+back to a top-level ``prompt_token_ids``), ``choices[0].logprobs.token_logprobs``,
+``choices[0].finish_reason`` and ``choices[0].routed_experts`` (base64 of an
+``np.save`` array of shape [prompt + generated - 1, layers, top_k], or null for dense
+models / R3 off).
+
+Errors (see ``proxy.errors``):
+- connection refused/reset, server disconnect, timeout -> ``ReplicaUnavailable``
+- HTTP 5xx -> ``BackendHTTPError`` (``is_retryable(exc)`` is True: another replica may answer)
+- HTTP 4xx -> ``BackendHTTPError`` carrying vLLM's message (not retryable: the same body
+  would fail everywhere)
+- a 200 whose body breaks the contract (missing ids, echoed prompt differs from the one
+  sent, logprob count mismatch) -> ``BackendProtocolError`` (a ``BackendError``; not
+  retryable: a replica that garbles tokens must not silently corrupt a trajectory).
+
+This client makes no retries of its own; the retry policy lives in ``proxy.pool``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from proxy.chat import FinishReason, Generation, SamplingParams
+from proxy.errors import BackendError, BackendHTTPError, ReplicaUnavailable
+
+
+class BackendProtocolError(BackendError):
+    """A replica answered 200 with a body that breaks the completions contract."""
+
+
+def is_retryable(exc: BackendError) -> bool:
+    """Whether another replica might succeed where this error happened."""
+    if isinstance(exc, ReplicaUnavailable):
+        return True
+    return isinstance(exc, BackendHTTPError) and exc.upstream_status >= 500
+
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One token-in generation call. ``max_tokens`` is already clamped to the context."""
+
+    model: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+
+
+def build_body(req: CompletionRequest) -> dict[str, Any]:
+    """The JSON body for ``/v1/completions``. ``top_k <= 0`` and ``seed=None`` are omitted
+    (vLLM's own defaults then apply: no top-k, random seed)."""
+    s = req.sampling
+    body: dict[str, Any] = {
+        "model": req.model,
+        "prompt": list(req.prompt_ids),
+        "max_tokens": req.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "stream": False,
+    }
+    if s.top_k > 0:
+        body["top_k"] = s.top_k
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.stop:
+        body["stop"] = list(s.stop)
+    return body
+
+
+def decode_routed_experts(encoded: str) -> np.ndarray:
+    """Decode vLLM's base64 ``np.save`` payload to an integer array [n, layers, top_k].
+
+    Raises ``BackendProtocolError`` for anything that is not a 3-d integer array; pickled
+    object arrays are refused (``allow_pickle=False``).
+    """
+    try:
+        arr = np.load(io.BytesIO(base64.b64decode(encoded, validate=True)), allow_pickle=False)
+    except (ValueError, OSError, TypeError) as exc:
+        raise BackendProtocolError(f"undecodable routed_experts: {exc}") from exc
+    if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.integer):
+        raise BackendProtocolError(f"routed_experts must be a 3-d integer array, got {arr.dtype}{arr.shape}")
+    return arr
+
+
+def encode_routed_experts(arr: np.ndarray) -> str:
+    """Inverse of ``decode_routed_experts`` (vLLM's wire encoding)."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def parse_completion(payload: Any, req: CompletionRequest, replica: str = "") -> Generation:
+    """Turn a ``/v1/completions`` JSON body into a ``Generation`` for ``req``.
+
+    Edge cases: an empty ``token_ids`` is valid (e.g. an abort before the first token);
+    ``finish_reason`` null or unknown is a protocol error, as is an echoed prompt that
+    differs from the prompt sent.
+    """
+    try:
+        choice = payload["choices"][0]
+        token_ids = [int(t) for t in choice["token_ids"]]
+        prompt_ids = choice.get("prompt_token_ids") or payload.get("prompt_token_ids")
+        raw_reason = choice.get("finish_reason")
+        lp = choice.get("logprobs") or {}
+        token_logprobs = lp.get("token_logprobs") if token_ids else []
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise BackendProtocolError(f"malformed completion response: {exc!r}") from exc
+    if prompt_ids is not None and list(prompt_ids) != list(req.prompt_ids):
+        raise BackendProtocolError(
+            f"backend echoed a different prompt ({len(prompt_ids)} ids) than sent ({len(req.prompt_ids)} ids)"
+        )
+    if raw_reason not in _FINISH_REASONS:
+        raise BackendProtocolError(f"unexpected finish_reason {raw_reason!r}")
+    if token_logprobs is None or len(token_logprobs) != len(token_ids) or any(v is None for v in token_logprobs):
+        raise BackendProtocolError("logprobs missing or not one per generated token")
+    experts = choice.get("routed_experts")
+    return Generation(
+        prompt_token_ids=list(req.prompt_ids),
+        token_ids=token_ids,
+        logprobs=[float(v) for v in token_logprobs],
+        finish_reason=_FINISH_REASONS[raw_reason],
+        routed_experts=decode_routed_experts(experts) if experts else None,
+        replica=replica,
+    )
+
+
+def _error_message(body: str) -> str:
+    """vLLM answers errors as ``{"error": {"message": ...}}`` (older: ``{"message": ...}``)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body[:500]
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+    return body[:500]
+
+
+class VLLMClient:
+    """Client for one vLLM replica at ``url`` (``http://host:port``, no ``/v1``).
+
+    ``timeout_s`` bounds a whole generation call; None means unbounded. The aiohttp
+    session is created lazily in the running loop and closed by ``close()``.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float | None = 600.0, connect_timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+        self._http: aiohttp.ClientSession | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=self._timeout)
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def complete(self, req: CompletionRequest) -> Generation:
+        """One generation. Raises ``ReplicaUnavailable`` / ``BackendHTTPError`` /
+        ``BackendProtocolError`` as described in the module docstring."""
+        try:
+            async with self._session().post(f"{self.url}/v1/completions", json=build_body(req)) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            raise ReplicaUnavailable(f"{self.url}: {type(exc).__name__}: {exc}", replica=self.url) from exc
+        if status >= 400:
+            raise BackendHTTPError(status, _error_message(text), replica=self.url)
+        try:
+            payload = json.loads(text)
+        except ValueError as exc:
+            raise BackendProtocolError(f"{self.url}: response is not JSON", replica=self.url) from exc
+        try:
+            return parse_completion(payload, req, replica=self.url)
+        except BackendProtocolError as exc:
+            raise BackendProtocolError(f"{self.url}: {exc}", replica=self.url) from None
+
+    async def healthy(self, timeout_s: float = 5.0) -> bool:
+        """True when ``GET /health`` answers 200 within ``timeout_s``; never raises."""
+        try:
+            async with self._session().get(
+                f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False

@@ -1,0 +1,217 @@
+"""ScriptedVLLM: a TEST DOUBLE speaking vLLM's OpenAI-server wire format.
+
+Used where the real vLLM cannot produce what a test needs (a chosen reply text such as a
+hermes tool call, aborts, 500s, dropped connections, MoE routed experts — R3 does not run
+on the CPU backend). It serves, in-process on a free port:
+
+- ``POST /v1/completions`` (token-in/token-out, non-streaming): answers the next scripted
+  reply with ``choices[0].{text, token_ids, prompt_token_ids, logprobs.token_logprobs,
+  finish_reason, routed_experts}`` exactly as vLLM 0.32 shapes them;
+- ``GET /v1/models`` and ``GET /health`` (503 while ``healthy`` is False).
+
+Choosing a reply: requests whose decoded prompt satisfies ``match`` (default: all) pop
+the next item of ``script``; other requests, and any request once the script is
+exhausted, get ``default`` (a fixed ``Reply`` or a callable of the decoded prompt). That
+lets a real scaffold make side calls (title generation and the like) that do not disturb
+the scripted main conversation.
+
+Every received body is kept in ``requests`` (``main_requests`` for the ones that popped
+the script).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+from aiohttp import web
+
+
+@dataclass
+class Reply:
+    """A generation. ``text`` is tokenized with the double's tokenizer (no special tokens);
+    ``token_ids`` overrides it. For finish_reason "stop" the end-of-turn token is appended
+    (vLLM includes the EOS id in ``token_ids``). ``experts=(layers, top_k, n_experts)``
+    adds a deterministic ``routed_experts`` array [prompt + generated - 1, layers, top_k].
+    ``delay_s`` sleeps before answering. ``max_tokens`` in the request truncates the reply
+    to a "length" finish, as vLLM would."""
+
+    text: str = ""
+    token_ids: list[int] | None = None
+    finish_reason: str = "stop"
+    experts: tuple[int, int, int] | None = None
+    delay_s: float = 0.0
+
+
+@dataclass
+class Abort:
+    """The backend aborts after generating ``text``/``token_ids`` (finish_reason "abort",
+    no EOS appended), like vLLM during a weight sync."""
+
+    text: str = ""
+    token_ids: list[int] | None = None
+    experts: tuple[int, int, int] | None = None
+
+
+@dataclass
+class HTTPFailure:
+    status: int = 500
+    message: str = "scripted failure"
+
+
+@dataclass
+class Drop:
+    """Close the connection without answering (the client sees a server disconnect)."""
+
+
+Action = Union[Reply, Abort, HTTPFailure, Drop]
+
+
+def fake_logprob(token_id: int, position: int) -> float:
+    """Deterministic stand-in logprob, so tests can recompute the expected values."""
+    return -((token_id * 7 + position * 3) % 50 + 1) / 100.0
+
+
+def fake_experts(total: int, layers: int, top_k: int, n_experts: int) -> np.ndarray:
+    """Deterministic int32 routing [total, layers, top_k] (position-dependent)."""
+    pos = np.arange(total, dtype=np.int32)[:, None, None]
+    lay = np.arange(layers, dtype=np.int32)[None, :, None]
+    k = np.arange(top_k, dtype=np.int32)[None, None, :]
+    return ((pos * 5 + lay * 3 + k) % n_experts).astype(np.int32)
+
+
+def _b64_npy(arr: np.ndarray) -> str:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+@dataclass
+class ScriptedVLLM:
+    """See module docstring. ``tokenizer`` needs ``encode``/``decode`` and the end-of-turn
+    token ``eos_token`` (HF tokenizers have all three)."""
+
+    tokenizer: Any
+    script: list[Action] = field(default_factory=list)
+    default: Reply | Callable[[str], Action] = field(default_factory=lambda: Reply("OK"))
+    match: Callable[[str], bool] | None = None
+    model: str = "scripted"
+    max_model_len: int = 4096
+    healthy: bool = True
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    main_requests: list[dict[str, Any]] = field(default_factory=list)
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    async def start(self, port: int = 0) -> ScriptedVLLM:
+        """Listen on ``port`` (0: a free one; pass the old port to restart after ``stop``)."""
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        if port == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        self.port = port
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening: later connections are refused (a dead replica)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> ScriptedVLLM:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _pick(self, prompt_text: str) -> Action:
+        if (self.match is None or self.match(prompt_text)) and self.script:
+            return self.script.pop(0)
+        return self.default(prompt_text) if callable(self.default) else self.default
+
+    def _ids(self, action: Reply | Abort) -> list[int]:
+        if action.token_ids is not None:
+            return list(action.token_ids)
+        return list(self.tokenizer.encode(action.text, add_special_tokens=False))
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            return web.json_response({"error": {"message": "prompt must be token ids", "code": 400}}, status=400)
+        max_tokens = int(body.get("max_tokens") or 16)
+        if len(prompt) + max_tokens > self.max_model_len:
+            msg = f"This model's maximum context length is {self.max_model_len} tokens."
+            return web.json_response({"error": {"message": msg, "type": "BadRequestError", "code": 400}}, status=400)
+        is_main = (self.match is None or self.match(self.decode(prompt))) and bool(self.script)
+        action = self._pick(self.decode(prompt))
+        if is_main:
+            self.main_requests.append(body)
+        if isinstance(action, HTTPFailure):
+            return web.json_response({"error": {"message": action.message, "code": action.status}}, status=action.status)
+        if isinstance(action, Drop):
+            assert request.transport is not None
+            request.transport.close()
+            raise asyncio.CancelledError  # the handler ends without a response
+        if isinstance(action, Reply) and action.delay_s:
+            await asyncio.sleep(action.delay_s)
+        ids = self._ids(action)
+        reason = "abort" if isinstance(action, Abort) else action.finish_reason
+        if reason == "stop":
+            ids.append(self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token))
+        if len(ids) > max_tokens:
+            ids, reason = ids[:max_tokens], "length"
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": self.decode(ids),
+            "logprobs": {
+                "text_offset": [0] * len(ids),
+                "token_logprobs": [fake_logprob(t, len(prompt) + i) for i, t in enumerate(ids)],
+                "tokens": [self.decode([t]) for t in ids],
+                "top_logprobs": [None] * len(ids),
+            },
+            "finish_reason": reason,
+            "stop_reason": None,
+            "token_ids": ids,
+            "prompt_logprobs": None,
+            "prompt_token_ids": list(prompt),
+            "routed_experts": None,
+        }
+        if action.experts is not None:
+            layers, top_k, n = action.experts
+            choice["routed_experts"] = _b64_npy(fake_experts(len(prompt) + len(ids) - 1, layers, top_k, n))
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
+        return web.json_response(
+            {"id": f"cmpl-{len(self.requests)}", "object": "text_completion", "created": 0,
+             "model": body.get("model", self.model), "choices": [choice], "usage": usage}
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "vllm",
+                                         "max_model_len": self.max_model_len}]}
+        )
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)

@@ -1,0 +1,120 @@
+"""VLLMClient against the scripted vLLM double: body fields, parsing, error mapping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from proxy.backend import (
+    BackendProtocolError,
+    CompletionRequest,
+    VLLMClient,
+    build_body,
+    decode_routed_experts,
+    encode_routed_experts,
+    is_retryable,
+    parse_completion,
+)
+from proxy.chat import SamplingParams
+from proxy.errors import BackendHTTPError, ReplicaUnavailable
+from tests.doubles.scripted_vllm import Abort, Drop, HTTPFailure, Reply, ScriptedVLLM, fake_experts, fake_logprob
+from tests.proxy._support import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _req(prompt=(5, 6, 7), max_tokens=32, **sampling) -> CompletionRequest:
+    return CompletionRequest(model="scripted", prompt_ids=list(prompt), max_tokens=max_tokens,
+                             sampling=SamplingParams(**sampling))
+
+
+def test_body_has_token_in_token_out_fields():
+    body = build_body(_req(max_tokens=9, temperature=0.5, top_p=0.9, top_k=20, seed=3, stop=("END",)))
+    assert body == {
+        "model": "scripted", "prompt": [5, 6, 7], "max_tokens": 9, "temperature": 0.5, "top_p": 0.9,
+        "top_k": 20, "seed": 3, "stop": ["END"], "logprobs": 1, "return_token_ids": True,
+        "skip_special_tokens": False, "include_stop_str_in_output": True, "stream": False,
+    }
+    plain = build_body(_req())
+    assert "top_k" not in plain and "seed" not in plain and "stop" not in plain
+
+
+def test_routed_experts_roundtrip_and_rejects_garbage():
+    arr = fake_experts(7, 2, 2, 8)
+    assert np.array_equal(decode_routed_experts(encode_routed_experts(arr)), arr)
+    with pytest.raises(BackendProtocolError):
+        decode_routed_experts("not base64!")
+    with pytest.raises(BackendProtocolError):
+        decode_routed_experts(encode_routed_experts(np.zeros((3, 2))))
+
+
+async def test_complete_parses_ids_logprobs_experts(tok):
+    async with ScriptedVLLM(tok, script=[Reply("hello world", experts=(2, 2, 8))]) as dbl:
+        client = VLLMClient(dbl.url)
+        gen = await client.complete(_req())
+        await client.close()
+    expected = tok.encode("hello world", add_special_tokens=False) + [tok.convert_tokens_to_ids(tok.eos_token)]
+    assert gen.token_ids == expected
+    assert gen.prompt_token_ids == [5, 6, 7]
+    assert gen.logprobs == [fake_logprob(t, 3 + i) for i, t in enumerate(expected)]
+    assert gen.finish_reason == "stop" and gen.replica == dbl.url
+    assert gen.routed_experts.shape == (3 + len(expected) - 1, 2, 2)
+    assert dbl.requests[0]["prompt"] == [5, 6, 7] and dbl.requests[0]["return_token_ids"] is True
+
+
+async def test_length_and_abort_finish_reasons(tok):
+    async with ScriptedVLLM(tok, script=[Reply("one two three four five"), Abort("one")]) as dbl:
+        client = VLLMClient(dbl.url)
+        length = await client.complete(_req(max_tokens=2))
+        aborted = await client.complete(_req())
+        await client.close()
+    assert length.finish_reason == "length" and len(length.token_ids) == 2
+    assert aborted.finish_reason == "abort" and aborted.token_ids == tok.encode("one", add_special_tokens=False)
+
+
+async def test_error_mapping(tok):
+    async with ScriptedVLLM(tok, script=[HTTPFailure(500, "engine dead"), HTTPFailure(400, "bad prompt"), Drop()]) as dbl:
+        client = VLLMClient(dbl.url)
+        with pytest.raises(BackendHTTPError) as e5:
+            await client.complete(_req())
+        assert e5.value.upstream_status == 500 and is_retryable(e5.value) and "engine dead" in str(e5.value)
+        with pytest.raises(BackendHTTPError) as e4:
+            await client.complete(_req())
+        assert e4.value.upstream_status == 400 and not is_retryable(e4.value) and "bad prompt" in str(e4.value)
+        with pytest.raises(ReplicaUnavailable):
+            await client.complete(_req())
+        await client.close()
+        url = dbl.url
+    refused = VLLMClient(url)
+    with pytest.raises(ReplicaUnavailable):
+        await refused.complete(_req())
+    assert not await refused.healthy()
+    await refused.close()
+
+
+async def test_timeout_is_replica_unavailable(tok):
+    async with ScriptedVLLM(tok, script=[Reply("slow", delay_s=2.0)]) as dbl:
+        client = VLLMClient(dbl.url, timeout_s=0.3)
+        with pytest.raises(ReplicaUnavailable):
+            await client.complete(_req())
+        await client.close()
+
+
+def test_parse_rejects_contract_breaks():
+    ok = {"choices": [{"token_ids": [1, 2], "prompt_token_ids": [5, 6, 7], "finish_reason": "stop",
+                       "logprobs": {"token_logprobs": [-0.1, -0.2]}}]}
+    assert parse_completion(ok, _req()).token_ids == [1, 2]
+    top_level = {"prompt_token_ids": [5, 6, 7], "choices": [dict(ok["choices"][0], prompt_token_ids=None)]}
+    assert parse_completion(top_level, _req()).logprobs == [-0.1, -0.2]
+    for broken in (
+        {"choices": []},
+        {"choices": [dict(ok["choices"][0], prompt_token_ids=[9])]},
+        {"choices": [dict(ok["choices"][0], finish_reason=None)]},
+        {"choices": [dict(ok["choices"][0], logprobs={"token_logprobs": [-0.1]})]},
+        {"choices": [dict(ok["choices"][0], logprobs=None)]},
+    ):
+        with pytest.raises(BackendProtocolError):
+            parse_completion(broken, _req())

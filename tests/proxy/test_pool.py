@@ -1,0 +1,125 @@
+"""ReplicaPool against scripted vLLM doubles: stickiness, load, failover, abort-resume."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from proxy.backend import CompletionRequest, VLLMClient
+from proxy.errors import BackendHTTPError, GenerationAborted, ReplicaUnavailable
+from proxy.pool import ReplicaPool
+from tests.doubles.scripted_vllm import Abort, Drop, HTTPFailure, Reply, ScriptedVLLM, fake_experts, fake_logprob
+from tests.proxy._support import load_tokenizer
+
+PROMPT = [11, 12, 13, 14]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _req(max_tokens=64, prompt=PROMPT) -> CompletionRequest:
+    return CompletionRequest(model="scripted", prompt_ids=list(prompt), max_tokens=max_tokens)
+
+
+def _pool(*doubles, **kw) -> ReplicaPool:
+    kw.setdefault("health_interval_s", None)
+    return ReplicaPool([d.url for d in doubles], client_factory=lambda u: VLLMClient(u, timeout_s=5), **kw)
+
+
+async def test_sticky_then_least_loaded(tok):
+    async with ScriptedVLLM(tok) as a, ScriptedVLLM(tok) as b:
+        async with _pool(a, b) as pool:
+            g1 = await pool.generate("s1", _req())
+            # s1 sticks to its replica even though both are idle.
+            assert [(await pool.generate("s1", _req())).replica for _ in range(3)] == [g1.replica] * 3
+            # While s1's replica is busy, a new session goes to the idle one.
+            a.default = b.default = Reply("slow", delay_s=0.5)
+            busy = asyncio.create_task(pool.generate("s1", _req()))
+            await asyncio.sleep(0.1)
+            g2 = await pool.generate("s2", _req())
+            await busy
+            assert g2.replica != g1.replica
+            assert {r.url: r.served for r in pool.replicas} == {g1.replica: 5, g2.replica: 1}
+
+
+async def test_failover_on_dead_replica_and_5xx(tok):
+    async with ScriptedVLLM(tok, script=[HTTPFailure(503)]) as a, ScriptedVLLM(tok) as b:
+        async with _pool(a, b) as pool:
+            gen = await pool.generate("s", _req())  # a answers 503 -> replayed on b
+            assert gen.replica == b.url and len(a.requests) == 1 and b.requests[0]["prompt"] == PROMPT
+            await b.stop()  # the sticky replica dies -> back to a
+            gen2 = await pool.generate("s", _req())
+            assert gen2.replica == a.url
+            assert [r.up for r in pool.replicas] == [True, False]
+
+
+async def test_dropped_connection_fails_over(tok):
+    async with ScriptedVLLM(tok, script=[Drop()]) as a, ScriptedVLLM(tok) as b:
+        async with _pool(a, b) as pool:
+            assert (await pool.generate("s", _req())).replica == b.url
+
+
+async def test_all_dead_is_clear_error_and_4xx_not_retried(tok):
+    async with ScriptedVLLM(tok, script=[HTTPFailure(400, "too long")]) as a, ScriptedVLLM(tok) as b:
+        async with _pool(a, b) as pool:
+            with pytest.raises(BackendHTTPError) as e:
+                await pool.generate("s", _req())
+            assert e.value.upstream_status == 400 and b.requests == []
+            await a.stop()
+            await b.stop()
+            with pytest.raises(ReplicaUnavailable) as dead:
+                await pool.generate("s", _req())
+            assert a.url in str(dead.value) and b.url in str(dead.value)
+    async with ReplicaPool([], health_interval_s=None) as empty:
+        with pytest.raises(ReplicaUnavailable):
+            await empty.generate("s", _req())
+
+
+async def test_abort_is_resumed_into_one_generation(tok):
+    first = tok.encode("alpha beta", add_special_tokens=False)
+    second = tok.encode(" gamma", add_special_tokens=False)
+    eos = tok.convert_tokens_to_ids(tok.eos_token)
+    script = [Abort(token_ids=first, experts=(2, 2, 8)), Abort(token_ids=[], experts=None),
+              Reply(token_ids=second, experts=(2, 2, 8))]
+    async with ScriptedVLLM(tok, script=script) as a:
+        async with _pool(a) as pool:
+            gen = await pool.generate("s", _req(max_tokens=40))
+    assert gen.token_ids == first + second + [eos]
+    assert gen.prompt_token_ids == PROMPT and gen.finish_reason == "stop" and gen.resumed_after_abort == 2
+    # Logprobs and experts line up with absolute positions, as if generated in one go.
+    assert gen.logprobs == [fake_logprob(t, len(PROMPT) + i) for i, t in enumerate(gen.token_ids)]
+    total = len(PROMPT) + len(gen.token_ids) - 1
+    assert np.array_equal(gen.routed_experts, fake_experts(total, 2, 2, 8))
+    # The resume re-sent prompt + tokens so far with the remaining budget.
+    assert a.requests[1]["prompt"] == PROMPT + first and a.requests[1]["max_tokens"] == 40 - len(first)
+
+
+async def test_abort_budget_and_give_up(tok):
+    ids = tok.encode("alpha beta gamma", add_special_tokens=False)
+    async with ScriptedVLLM(tok, script=[Abort(token_ids=ids)]) as a:
+        async with _pool(a) as pool:
+            gen = await pool.generate("s", _req(max_tokens=len(ids)))
+            assert gen.finish_reason == "length" and gen.token_ids == ids
+            a.default = Abort("x")
+            pool.max_resumes = 2
+            with pytest.raises(GenerationAborted):
+                await pool.generate("s", _req())
+
+
+async def test_health_checks_and_runtime_membership(tok):
+    async with ScriptedVLLM(tok) as a, ScriptedVLLM(tok) as b:
+        async with _pool(a, health_interval_s=0.05) as pool:
+            a.healthy = False
+            await asyncio.sleep(0.3)
+            assert not pool.replicas[0].up
+            pool.add_replica(b.url)
+            assert (await pool.generate("s", _req())).replica == b.url
+            a.healthy = True
+            await asyncio.sleep(0.3)
+            assert all(r.up for r in pool.replicas)
+            pool.remove_replica(b.url)
+            assert (await pool.generate("s", _req())).replica == a.url
