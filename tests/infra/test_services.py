@@ -1,0 +1,239 @@
+"""Real services: each starts, answers, is reused when already running, and stops for good."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import infra
+from infra import (
+    TRIAL_SEARCH_ATTRIBUTES,
+    EmbeddedInfra,
+    InfraPorts,
+    ServiceStartError,
+    create_bucket,
+    docker_answers,
+    ensure_dockerd,
+    free_port,
+    port_open,
+    s3_answers,
+    s3_client,
+    start_seaweedfs,
+    start_temporal,
+    start_vllm,
+    temporal_answers,
+    vllm_answers,
+)
+
+
+def _wait_gone(pid: int, timeout_s: float = 5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _custom_search_attributes(address: str) -> dict[str, str]:
+    import asyncio
+
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+    from temporalio.client import Client
+
+    async def _list() -> dict[str, str]:
+        client = await Client.connect(address)
+        resp = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace="default"))
+        return {k: IndexedValueType.Name(v) for k, v in resp.custom_attributes.items()}
+
+    return asyncio.run(_list())
+
+
+@pytest.mark.temporal
+def test_temporal_starts_with_search_attributes_and_stops(tmp_path: Path) -> None:
+    service = start_temporal(tmp_path, headless=True)
+    try:
+        assert service.owned and temporal_answers(service.endpoint)
+        registered = _custom_search_attributes(service.endpoint)
+        for name, kind in TRIAL_SEARCH_ATTRIBUTES.items():
+            assert registered[name] == f"INDEXED_VALUE_TYPE_{kind.upper()}"
+        assert (tmp_path / "temporal.sqlite").exists()
+    finally:
+        service.stop()
+    assert _wait_gone(service.process.pid)
+    assert not temporal_answers(service.endpoint)
+
+
+@pytest.mark.temporal
+def test_temporal_reuse_keeps_the_running_server(tmp_path: Path) -> None:
+    first = start_temporal(tmp_path / "a", headless=True)
+    try:
+        port = int(first.endpoint.rsplit(":", 1)[1])
+        again = start_temporal(tmp_path / "b", port=port, reuse=True)
+        assert again.endpoint == first.endpoint and not again.owned
+        again.stop()  # a reused service is not ours: nothing happens
+        assert temporal_answers(first.endpoint)
+        assert not (tmp_path / "b").exists()
+    finally:
+        first.stop()
+
+
+@pytest.mark.temporal
+def test_temporal_restarts_on_its_persisted_state(tmp_path: Path) -> None:
+    # `--search-attribute` on an existing database must not fail the second start.
+    port = free_port()
+    start_temporal(tmp_path, port=port, headless=True).stop()
+    second = start_temporal(tmp_path, port=port, headless=True)
+    try:
+        assert set(TRIAL_SEARCH_ATTRIBUTES) <= set(_custom_search_attributes(second.endpoint))
+    finally:
+        second.stop()
+
+
+@pytest.mark.s3
+def test_seaweedfs_serves_s3_and_stops_despite_ignoring_sigterm(tmp_path: Path) -> None:
+    service = start_seaweedfs(tmp_path)
+    try:
+        create_bucket(service.endpoint, "results")
+        create_bucket(service.endpoint, "results")  # idempotent
+        client = s3_client(service.endpoint)
+        client.put_object(Bucket="results", Key="trials/t1/trajectory.npz", Body=b"\x00\x01payload")
+        got = client.get_object(Bucket="results", Key="trials/t1/trajectory.npz")["Body"].read()
+        assert got == b"\x00\x01payload"
+    finally:
+        started = time.monotonic()
+        service.stop(grace_s=2)
+    assert time.monotonic() - started < 10
+    assert _wait_gone(service.process.pid)
+    assert not s3_answers(service.endpoint)
+
+
+@pytest.mark.s3
+def test_seaweedfs_reuse_and_many_buckets(tmp_path: Path) -> None:
+    first = start_seaweedfs(tmp_path / "a")
+    try:
+        port = int(first.endpoint.rsplit(":", 1)[1])
+        again = start_seaweedfs(tmp_path / "b", s3_port=port, reuse=True)
+        assert again.endpoint == first.endpoint and not again.owned
+        # Each bucket is a SeaweedFS collection with volumes of its own: writes into
+        # more buckets than the default volume cap must still work.
+        client = s3_client(first.endpoint)
+        for i in range(10):
+            create_bucket(first.endpoint, f"bucket-{i}")
+            client.put_object(Bucket=f"bucket-{i}", Key="k", Body=b"v")
+            assert client.get_object(Bucket=f"bucket-{i}", Key="k")["Body"].read() == b"v"
+    finally:
+        first.stop(grace_s=2)
+
+
+@pytest.mark.docker
+def test_ensure_dockerd_answers_and_is_reused() -> None:
+    # The engine outlives the test (it is machine-wide), so its log goes to the default place.
+    engine = ensure_dockerd()
+    assert docker_answers()
+    again = ensure_dockerd()
+    assert not again.owned and again.endpoint == engine.endpoint
+
+
+@pytest.mark.vllm
+def test_vllm_broken_model_dir_fails_with_log_tail(tmp_path: Path) -> None:
+    missing = tmp_path / "no-model-here"
+    with pytest.raises(ServiceStartError) as info:
+        start_vllm(missing, log_dir=tmp_path, ready_timeout_s=120)
+    message = str(info.value)
+    assert "exited with code" in message
+    # The tail is vLLM's own output, which names the directory it could not load.
+    assert "no-model-here" in message.split("ends with:", 1)[1]
+
+
+def _completion(base_url: str, model: str, prompt_ids: list[int]) -> dict:
+    body = {
+        "model": model, "prompt": prompt_ids, "max_tokens": 4, "temperature": 0,
+        "return_token_ids": True, "logprobs": 1,
+    }  # fmt: skip
+    req = urllib.request.Request(
+        f"{base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.load(resp)
+
+
+@pytest.mark.vllm
+def test_vllm_serves_tiny_model_token_in_token_out(tmp_path: Path, tiny_model_dir: Path) -> None:
+    service = start_vllm(tiny_model_dir, served_model_name="tiny-own", log_dir=tmp_path)
+    try:
+        out = _completion(service.endpoint, "tiny-own", [10, 11, 12, 13])
+        choice = out["choices"][0]
+        assert choice["prompt_token_ids"] == [10, 11, 12, 13]
+        assert 1 <= len(choice["token_ids"]) <= 4
+        assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
+        port = int(service.endpoint.rsplit(":", 1)[1])
+        again = start_vllm(tiny_model_dir, port, "tiny-own", log_dir=tmp_path, reuse=True)
+        assert not again.owned and again.endpoint == service.endpoint
+    finally:
+        service.stop()
+    assert _wait_gone(service.process.pid)
+    assert not vllm_answers(service.endpoint)
+
+
+def test_vllm_url_fixture_answers(vllm_url: str, vllm_model_name: str) -> None:
+    out = _completion(vllm_url, vllm_model_name, [5, 6, 7])
+    assert out["choices"][0]["prompt_token_ids"] == [5, 6, 7]
+
+
+def test_s3_endpoint_fixture_has_a_fresh_bucket(s3_endpoint) -> None:
+    client = s3_endpoint.client()
+    client.put_object(Bucket=s3_endpoint.bucket, Key="probe", Body=b"ok")
+    assert [o["Key"] for o in client.list_objects_v2(Bucket=s3_endpoint.bucket)["Contents"]] == ["probe"]
+
+
+def test_temporal_address_fixture_answers(temporal_address: str) -> None:
+    assert temporal_answers(temporal_address)
+
+
+def test_docker_client_fixture_pings(docker_client, no_leaked_containers) -> None:
+    assert docker_client.ping()
+
+
+@pytest.mark.temporal
+@pytest.mark.s3
+@pytest.mark.docker
+def test_embedded_infra_starts_reuses_and_stops(tmp_path: Path) -> None:
+    ports = InfraPorts(temporal=free_port(), temporal_ui=free_port(), s3=free_port(), vllm=free_port())
+    replica = "http://127.0.0.1:1"  # given replicas: no vLLM is started
+    with EmbeddedInfra(tmp_path / "state", ports=ports, vllm_urls=[replica]) as first:
+        assert first.temporal_address == f"127.0.0.1:{ports.temporal}"
+        assert first.vllm_urls == [replica]
+        # head_bucket, not list_buckets: SeaweedFS lists only buckets owned by an identity, none here.
+        s3_client(first.s3_endpoint).head_bucket(Bucket="trialflow")
+        assert port_open("127.0.0.1", ports.temporal_ui)  # the UI is on for the embedded instance
+        second = EmbeddedInfra(tmp_path / "other", ports=ports, vllm_urls=[replica]).start()
+        assert [s.owned for s in second.services] == [False, False, False]
+        second.stop()
+        assert temporal_answers(first.temporal_address) and s3_answers(first.s3_endpoint)
+        owned = [s.process.pid for s in first.services if s.owned and s.name != "docker"]
+        assert len(owned) == 2
+    for pid in owned:
+        assert _wait_gone(pid)
+    assert not port_open("127.0.0.1", ports.temporal)
+
+
+def test_public_exports_are_pinned() -> None:
+    assert sorted(infra.__all__) == sorted(
+        [
+            "MANAGED_LABEL", "REPO_ROOT", "TRIAL_SEARCH_ATTRIBUTES", "BinaryNotFoundError",
+            "DockerUnavailableError", "EmbeddedInfra", "InfraPorts", "ManagedProcess", "S3Bucket",
+            "Service", "ServiceError", "ServiceStartError", "cached_tiny_model", "create_bucket",
+            "docker_answers", "ensure_dockerd", "ensure_search_attributes", "free_port", "log_tail",
+            "managed_containers", "port_open", "s3_answers", "s3_client", "start_seaweedfs",
+            "start_temporal", "start_vllm", "temporal_answers", "vllm_answers", "vllm_python",
+        ]
+    )  # fmt: skip
