@@ -1,0 +1,121 @@
+"""Typed errors of the proxy. Each protocol module renders them in its own wire shape.
+
+Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 503)::
+
+    ProxyError
+    ├── ProtocolError [4xx]            the client's request cannot be served as sent
+    │   ├── InvalidRequest [400]       malformed body, wrong types, unsupported content (images)
+    │   │   └── ContextExhausted [400] prompt (+ max_tokens) does not fit the context window
+    │   ├── NotFound [404]             unknown session, secret or route
+    │   ├── SessionBusy [409]          another request of the same session is in flight
+    │   └── PayloadTooLarge [413]      body over the server's size limit
+    └── BackendError [5xx]             the replicas failed; the request itself was fine
+        ├── ReplicaUnavailable [503]   no healthy replica (or all retries spent)
+        ├── BackendHTTPError [502]     a replica answered with an unexpected HTTP status
+        └── GenerationAborted [503]    a generation was aborted and could not be resumed
+
+``ProtocolError`` subclasses carry a neutral ``error_type`` (``invalid_request``,
+``not_found``, ``conflict``, ``request_too_large``, ``context_exhausted``) that the
+protocol modules map to their own type names. ``BackendError`` is retryable from the
+client's point of view: both official SDKs retry 409 and 5xx/529 answers on their own.
+
+This module is pure: no I/O, no framework imports.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ErrorType = Literal["invalid_request", "not_found", "conflict", "request_too_large", "context_exhausted"]
+
+
+class ProxyError(Exception):
+    """Base of every error the proxy answers with. ``status`` is the HTTP status to send."""
+
+    status: int = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ProtocolError(ProxyError):
+    """A 4xx answer. ``param`` names the offending request field when one is known."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        error_type: ErrorType = "invalid_request",
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type: ErrorType = error_type
+        self.param = param
+
+
+class InvalidRequest(ProtocolError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(400, message, "invalid_request", param)
+
+
+class ContextExhausted(InvalidRequest):
+    """The prompt leaves no room to generate.
+
+    The message follows the upstream APIs' wording ("prompt is too long: N tokens > M
+    maximum") because agent scaffolds match on it to trigger conversation compaction.
+    """
+
+    def __init__(self, prompt_tokens: int, max_context_tokens: int) -> None:
+        super().__init__(f"prompt is too long: {prompt_tokens} tokens > {max_context_tokens} maximum")
+        self.error_type = "context_exhausted"
+        self.prompt_tokens = prompt_tokens
+        self.max_context_tokens = max_context_tokens
+
+
+class NotFound(ProtocolError):
+    def __init__(self, message: str) -> None:
+        super().__init__(404, message, "not_found")
+
+
+class SessionBusy(ProtocolError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(409, f"session {session_id} already has a request in flight", "conflict")
+        self.session_id = session_id
+
+
+class PayloadTooLarge(ProtocolError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(413, f"request body of {size} bytes exceeds the limit of {limit} bytes", "request_too_large")
+        self.size = size
+        self.limit = limit
+
+
+class BackendError(ProxyError):
+    """The replicas could not produce the turn. ``replica`` is the URL involved, if any."""
+
+    status = 502
+
+    def __init__(self, message: str, replica: str = "") -> None:
+        super().__init__(message)
+        self.replica = replica
+
+
+class ReplicaUnavailable(BackendError):
+    status = 503
+
+
+class BackendHTTPError(BackendError):
+    """A replica answered ``upstream_status``; ``body`` is the start of its answer, for logs."""
+
+    status = 502
+
+    def __init__(self, upstream_status: int, body: str, replica: str = "") -> None:
+        super().__init__(f"replica {replica or '?'} answered HTTP {upstream_status}: {body[:500]}", replica)
+        self.upstream_status = upstream_status
+        self.body = body
+
+
+class GenerationAborted(BackendError):
+    status = 503
