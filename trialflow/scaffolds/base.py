@@ -1,0 +1,90 @@
+"""Scaffold ABC: an agent harness that works on a task inside a sandbox.
+
+Lifecycle, driven by the scaffold activity::
+
+    scaffold = get_scaffold(name)                    # stateless, cheap; one per run is fine
+    mounts = scaffold.mounts()                       # host paths the sandbox needs (before create)
+    sandbox = await backend.create(task, ..., mounts=mounts); await sandbox.start()
+    result = await scaffold.run(ScaffoldContext(...))
+    -> verifier runs on the sandbox afterwards, whatever `result` says
+
+Contracts:
+- `run()` returns a `ScaffoldResult` for every outcome of the agent itself: a non-zero exit,
+  a crash of the CLI, a timeout (`timed_out=True`; the scaffold stops its process by then).
+  It raises only typed infrastructure errors (`SandboxLost`, `ScaffoldSetupFailed`, `TaskInvalid`).
+- `run()` must finish within about `ctx.timeout_s` (+ a few seconds of cleanup); `None` = no limit.
+- `needs_model=False` scaffolds (oracle, nop) get `anthropic_base_url`/`openai_base_url`/`model`
+  as None and must not need them.
+- `ctx.heartbeat(details)` may be called as often as the scaffold likes (e.g. once per step);
+  it must not block. Default: a no-op.
+- `ctx.log_dir` (if set) is a host directory the scaffold may fill with extra logs
+  (the activity uploads it). Scaffolds never write results to the store themselves.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trialflow.sandbox.base import Mount, Sandbox
+from trialflow.tasks import Task
+
+
+def _no_heartbeat(details: dict[str, Any]) -> None:
+    return None
+
+
+@dataclass
+class ScaffoldContext:
+    """Everything a scaffold run gets. `instruction` defaults to the task's instruction.md."""
+
+    sandbox: Sandbox
+    task: Task
+    instruction: str | None = None
+    anthropic_base_url: str | None = None  # e.g. http://127.0.0.1:PORT/s/{id}/{secret}
+    openai_base_url: str | None = None     # the same + /v1
+    model: str | None = None
+    timeout_s: float | None = None
+    heartbeat: Callable[[dict[str, Any]], None] = _no_heartbeat
+    log_dir: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra env for the agent process
+
+    def __post_init__(self) -> None:
+        if self.instruction is None:
+            self.instruction = self.task.instruction
+
+
+@dataclass(frozen=True)
+class ScaffoldResult:
+    """The agent process's outcome. Output is what the scaffold captured (may be truncated)."""
+
+    exit_code: int
+    timed_out: bool
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def log(self) -> str:
+        """stdout and stderr as one text, for storing as the scaffold log."""
+        if not self.stderr:
+            return self.stdout
+        return f"{self.stdout}\n--- stderr ---\n{self.stderr}"
+
+
+class Scaffold(abc.ABC):
+    """Base of every scaffold. Subclasses set `name` and `needs_model` as class attributes."""
+
+    name: str
+    needs_model: bool = True
+
+    def mounts(self) -> Sequence[Mount]:
+        """Host paths to bind into the sandbox at creation (e.g. a host-installed CLI)."""
+        return ()
+
+    @abc.abstractmethod
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        """Work on `ctx.task` inside `ctx.sandbox`; see the module docstring."""

@@ -1,0 +1,276 @@
+"""Result storage: `ResultStore` ABC with `S3Store` (boto3) and `LocalStore` (a directory).
+
+Key layout (keys are relative to the store's own prefix; build them with `TrialKeys`)::
+
+    batches/{batch_id}/trials/{trial_id}/attempt-{n}/trajectory.npz          final trajectory
+    batches/{batch_id}/trials/{trial_id}/attempt-{n}/checkpoints/{seq:06d}.npz per-turn deltas
+    batches/{batch_id}/trials/{trial_id}/attempt-{n}/logs/{name}              scaffold/verifier logs
+    batches/{batch_id}/trials/{trial_id}/attempt-{n}/result.json              TrialResult
+
+URIs: `S3Store` returns `s3://{bucket}/{prefix}/{key}`, `LocalStore` returns
+`file://{root}/{key}`. `get_bytes` accepts a key or a URI of the same store (a URI of
+another bucket/root raises ValueError).
+
+Retries: none of our own. boto3 is configured with `retries={"max_attempts": 1,
+"mode": "standard"}` (one attempt, no hidden retries) so that Temporal's activity retry
+policy is the only retry layer. Failures raise `StorageError` (retryable); a missing key
+raises `ObjectNotFound` (non-retryable). The `*_bytes`/`list_keys`/`exists` methods are blocking;
+async callers use `await store.put(...)` / `await store.get(...)` (thread-backed), as
+`StoreCheckpointSink` does.
+
+Edge cases: keys must be non-empty, relative, without `..` segments or a leading `/`
+(ValueError). `list_keys(prefix)` is a plain string-prefix match, sorted, and returns
+keys relative to the store prefix. LocalStore writes atomically (temp file + rename), so a
+reader never sees a partial object.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from trialflow.errors import ObjectNotFound, StorageError
+
+
+def validate_key(key: str) -> str:
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
+        raise ValueError(f"invalid store key {key!r}: must be relative, without empty, '.' or '..' parts")
+    return key
+
+
+@dataclass(frozen=True)
+class TrialKeys:
+    """Keys of one trial attempt (see the module docstring)."""
+
+    batch_id: str
+    trial_id: str
+    attempt: int
+
+    @property
+    def root(self) -> str:
+        return f"batches/{self.batch_id}/trials/{self.trial_id}/attempt-{self.attempt}"
+
+    @property
+    def trajectory(self) -> str:
+        return f"{self.root}/trajectory.npz"
+
+    @property
+    def result(self) -> str:
+        return f"{self.root}/result.json"
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.root}/checkpoints"
+
+    def checkpoint(self, seq: int) -> str:
+        return f"{self.checkpoints}/{seq:06d}.npz"
+
+    def log(self, name: str) -> str:
+        return validate_key(f"{self.root}/logs/{name}")
+
+
+class ResultStore(abc.ABC):
+    """Blocking object store for trial artifacts."""
+
+    @abc.abstractmethod
+    def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        """Write (overwrite) `key`; return its URI."""
+
+    @abc.abstractmethod
+    def get_bytes(self, uri_or_key: str) -> bytes:
+        """Read an object. Raises ObjectNotFound."""
+
+    @abc.abstractmethod
+    def list_keys(self, prefix: str = "") -> list[str]:
+        """Sorted keys starting with `prefix`."""
+
+    @abc.abstractmethod
+    def exists(self, uri_or_key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def uri(self, key: str) -> str:
+        """URI of `key` (whether or not it exists)."""
+
+    async def put(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        """`put_bytes` in a thread, for async callers."""
+        return await asyncio.to_thread(self.put_bytes, key, data, content_type)
+
+    async def get(self, uri_or_key: str) -> bytes:
+        """`get_bytes` in a thread, for async callers."""
+        return await asyncio.to_thread(self.get_bytes, uri_or_key)
+
+
+class LocalStore(ResultStore):
+    """Objects as files under `root_dir` (the embedded fallback when no S3 is configured)."""
+
+    def __init__(self, root_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(root_dir).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def uri(self, key: str) -> str:
+        return (self.root / validate_key(key)).as_uri()
+
+    def _key(self, uri_or_key: str) -> str:
+        if uri_or_key.startswith("file://"):
+            path = Path(unquote(urlparse(uri_or_key).path))
+            if not path.is_relative_to(self.root):
+                raise ValueError(f"{uri_or_key} is outside this store ({self.root})")
+            return path.relative_to(self.root).as_posix()
+        return validate_key(uri_or_key)
+
+    def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        path = self.root / validate_key(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise StorageError(f"could not write {path}: {e}") from e
+        return path.as_uri()
+
+    def get_bytes(self, uri_or_key: str) -> bytes:
+        path = self.root / self._key(uri_or_key)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise ObjectNotFound(f"no object {uri_or_key}") from None
+        except OSError as e:
+            raise StorageError(f"could not read {path}: {e}") from e
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        keys = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            for f in files:
+                if f.startswith(".tmp-"):
+                    continue
+                key = (Path(dirpath) / f).relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def exists(self, uri_or_key: str) -> bool:
+        return (self.root / self._key(uri_or_key)).is_file()
+
+
+class S3Store(ResultStore):
+    """Objects in an S3 bucket under `prefix` (SeaweedFS in development, any S3 in production).
+
+    `create_bucket=True` creates the bucket when missing (development convenience).
+    Credentials default to boto3's chain; SeaweedFS without auth accepts any key, so
+    `access_key`/`secret_key` can be given explicitly for it.
+    """
+
+    def __init__(self, endpoint_url: str | None, bucket: str, prefix: str = "", *,
+                 region: str = "us-east-1", access_key: str | None = None, secret_key: str | None = None,
+                 create_bucket: bool = False, connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self._client = boto3.client(
+            "s3", endpoint_url=endpoint_url, region_name=region,
+            aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+            config=Config(retries={"max_attempts": 1, "mode": "standard"},
+                          connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
+                          s3={"addressing_style": "path"}),
+        )
+        if create_bucket:
+            self._ensure_bucket()
+
+    def _ensure_bucket(self) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            self._guard(lambda: self._client.create_bucket(Bucket=self.bucket), f"create bucket {self.bucket}")
+
+    def _full(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._full(key)}"
+
+    def _key(self, uri_or_key: str) -> str:
+        if not uri_or_key.startswith("s3://"):
+            return validate_key(uri_or_key)
+        parsed = urlparse(uri_or_key)
+        full = parsed.path.lstrip("/")
+        head = f"{self.prefix}/" if self.prefix else ""
+        if parsed.netloc != self.bucket or not full.startswith(head):
+            raise ValueError(f"{uri_or_key} is outside this store (s3://{self.bucket}/{head})")
+        return full[len(head):]
+
+    def _guard(self, fn, what: str):  # type: ignore[no-untyped-def]
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn()
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise ObjectNotFound(f"no object for {what}") from None
+            raise StorageError(f"S3 {what} failed: {e}") from e
+        except BotoCoreError as e:
+            raise StorageError(f"S3 {what} failed: {e}") from e
+
+    def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        full = self._full(key)
+        self._guard(lambda: self._client.put_object(Bucket=self.bucket, Key=full, Body=data,
+                                                    ContentType=content_type), f"put {full}")
+        return f"s3://{self.bucket}/{full}"
+
+    def get_bytes(self, uri_or_key: str) -> bytes:
+        full = self._full(self._key(uri_or_key))
+        resp = self._guard(lambda: self._client.get_object(Bucket=self.bucket, Key=full), f"get {full}")
+        return self._guard(lambda: resp["Body"].read(), f"read {full}")
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        head = f"{self.prefix}/" if self.prefix else ""
+        keys: list[str] = []
+        token: str | None = None
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": head + prefix}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._guard(lambda: self._client.list_objects_v2(**kwargs), f"list {head + prefix}")
+            keys.extend(obj["Key"][len(head):] for obj in page.get("Contents", []))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return sorted(keys)
+
+    def exists(self, uri_or_key: str) -> bool:
+        full = self._full(self._key(uri_or_key))
+        try:
+            self._guard(lambda: self._client.head_object(Bucket=self.bucket, Key=full), f"head {full}")
+        except ObjectNotFound:
+            return False
+        return True
+
+
+class StoreCheckpointSink:
+    """`proxy.checkpoint.CheckpointSink` writing to `{key_prefix}/{seq:06d}.npz` in a store.
+
+    `key_prefix` is usually `TrialKeys(...).checkpoints`. `session_id` is not part of the
+    key: one sink serves one trial attempt. Writes run in a thread; errors propagate as
+    `StorageError` to the session, which decides whether a failed checkpoint fails the turn.
+    """
+
+    def __init__(self, store: ResultStore, key_prefix: str) -> None:
+        self.store = store
+        self.key_prefix = validate_key(key_prefix.strip("/"))
+
+    def key(self, seq: int) -> str:
+        return f"{self.key_prefix}/{seq:06d}.npz"
+
+    async def write(self, session_id: str, seq: int, payload: bytes) -> None:
+        await asyncio.to_thread(self.store.put_bytes, self.key(seq), payload, "application/x-npz")
