@@ -137,7 +137,7 @@ class CountTokensRequest(WireModel):
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
-    stream: bool = False
+    stream: bool | None = None
     stop_sequences: list[str] | None = None
     # Sampling fields of the older spec (SDK 2.14 no longer lists them); clients still send them.
     temperature: float | None = Field(default=None, ge=0)
@@ -173,7 +173,7 @@ def parse_messages_request(body: Any) -> ChatRequest:
         top_k=-1 if req.top_k is None else req.top_k,
         stop=tuple(req.stop_sequences or ()),
     )
-    chat.stream = req.stream
+    chat.stream = bool(req.stream)
     return chat
 
 
