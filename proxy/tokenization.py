@@ -1,0 +1,277 @@
+"""Messages -> prompt token ids, with the rules that keep trajectories token-exact (pure).
+
+Public API:
+
+    ConversationTracker(tokenizer, *, session_id="", trajectory=None, template_kwargs=None)
+        .trajectory: Trajectory                       the token record (see proxy.trajectory)
+        .prepare(request: ChatRequest) -> PreparedTurn    no mutation
+        .commit(prepared, generation, parsed, info=TurnInfo()) -> TurnRecord
+        .count_tokens(request) -> int                 prompt length prepare() would send
+    PreparedTurn, TurnInfo, system_key(messages) -> str
+    StalePreparedTurn, InvariantViolation (both proxy.trajectory.TrajectoryError)
+
+``tokenizer`` is a HF tokenizer with a prefix-stable chat template (trialflow.tinymodel's, or any
+template where render(messages[:k]) is a prefix of render(messages)) and ``eos_token`` = the
+end-of-turn text (``<|im_end|>``). ``template_kwargs`` go to every render (e.g.
+``{"enable_thinking": False}``); a request's ``thinking`` (when not None) overrides
+``enable_thinking``.
+
+Rules (all decided in ``prepare``; ``commit`` only records):
+
+1. Routing. A request's system key is a hash of the text of all system-role messages before
+   the first non-system message. The first request of the session (prepared and committed)
+   defines the main thread's key. Requests with that key go to main segments; any other key
+   goes to side segments with the same key (sub-agents, title generators, ...).
+2. Extension. Candidate segments (same key and kind, newest first) are tried in turn. A
+   segment is extended when the request's messages start with the segment's recorded
+   conversation (the messages of its last request plus the assistant message the proxy
+   returned) and the tools are the same. Messages are compared after normalization: text
+   (string or text parts) stripped of surrounding whitespace; tool-call arguments compared as
+   parsed JSON (clients re-serialize them); tool-call ids and ``tool_call_id`` ignored;
+   an echoed assistant message without ``reasoning_content`` matches (OpenAI clients drop it),
+   one with different reasoning does not.
+3. Extension tokens. S_prev = render(request.messages[:m]) where m = length of the recorded
+   conversation, S_full = render(request.messages, add_generation_prompt=True). Both come
+   from the request itself, so a dropped reasoning block or re-serialized arguments cannot
+   break the comparison. Require S_full.startswith(S_prev); cut S_prev right after its last
+   EOS text (the end of the last assistant turn) and tokenize S_full[cut:] with
+   add_special_tokens=False: these are the environment tokens (mask 0). The prompt is the
+   segment's full sequence (prompt + every response token so far) + the environment tokens.
+   The template text of earlier turns is never re-tokenized: the model's own tokens stay.
+   If the segment's last token is not EOS (finished by length, stop string or abort), the
+   environment tokens start with the EOS id so the sequence is well-formed.
+4. New segment. When no candidate extends (history rewritten/compacted/edited, tools
+   changed, or the prefix check fails), the turn opens a new segment whose prompt is the full
+   render. It is ``rewritten`` when it is a main segment and a main segment already exists.
+   No logprobs are ever invented for a prompt.
+5. Invariant (checked, raises InvariantViolation): an extension prompt begins with the
+   segment's previous full sequence, and a generation reporting ``prompt_token_ids`` reports
+   exactly the prompt that was prepared.
+6. A failed generation is simply never committed. ``commit`` raises ``StalePreparedTurn`` if
+   the segment changed since ``prepare`` (the session serializes turns, so this is a bug).
+
+Known limits: a client retrying a request the proxy already committed (same messages, no new
+assistant message) does not extend, so it opens a new segment; a side conversation that uses
+the main thread's exact system prompt is recorded as a (rewritten) main segment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolSpec, assistant_message
+from proxy.trajectory import SegmentHeader, SegmentKind, Trajectory, TrajectoryError, TurnDelta, TurnRecord
+
+
+class StalePreparedTurn(TrajectoryError):
+    """The segment a PreparedTurn targets changed between prepare and commit."""
+
+
+class InvariantViolation(TrajectoryError):
+    """A token-exactness invariant does not hold (a bug, never a client error)."""
+
+
+@dataclass(frozen=True)
+class TurnInfo:
+    """Session-side facts about a turn that the generation itself does not carry."""
+
+    started_at: float = 0.0
+    latency_s: float = 0.0
+    policy_version: int | None = None
+
+
+@dataclass(frozen=True)
+class PreparedTurn:
+    """The decision for one request: target segment and the exact prompt ids to send.
+
+    ``new_segment`` is set when the turn opens segment ``segment_index`` (== number of
+    segments at prepare time); otherwise it extends that segment, whose full sequence had
+    ``base_len`` tokens, with ``env_ids``.
+    """
+
+    segment_index: int
+    kind: SegmentKind
+    system_key: str
+    prompt_ids: list[int]
+    env_ids: list[int]
+    base_len: int
+    new_segment: SegmentHeader | None
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...]
+
+    @property
+    def extends(self) -> bool:
+        return self.new_segment is None
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
+def system_key(messages: list[Message]) -> str:
+    """Hash of the system-role texts before the first non-system message."""
+    texts = []
+    for m in messages:
+        if m.get("role") != "system":
+            break
+        texts.append(_text(m.get("content")))
+    return hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:16]
+
+
+def _args(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except (ValueError, RecursionError):
+            return arguments
+    return arguments
+
+
+def _norm(msg: Message) -> tuple:
+    """(role, text, tool calls as (name, parsed args), reasoning or None) for comparison."""
+    calls = tuple(
+        (tc.get("function", tc).get("name"), _args(tc.get("function", tc).get("arguments")))
+        for tc in msg.get("tool_calls") or ()
+    )
+    reasoning = _text(msg.get("reasoning_content")).strip() or None
+    return (msg.get("role"), _text(msg.get("content")).strip(), calls, reasoning)
+
+
+def _same(recorded: tuple, echoed: tuple) -> bool:
+    if recorded[:3] != echoed[:3]:
+        return False
+    return echoed[3] is None or echoed[3] == recorded[3]
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """A segment's conversation as last returned to the client."""
+
+    norms: tuple[tuple, ...]
+    tools: tuple[ToolSpec, ...]
+
+
+class ConversationTracker:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        session_id: str = "",
+        trajectory: Trajectory | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.trajectory = trajectory if trajectory is not None else Trajectory(session_id=session_id)
+        self.template_kwargs = dict(template_kwargs or {})
+        self.eos_text: str = tokenizer.eos_token
+        self.eos_id: int = tokenizer.convert_tokens_to_ids(self.eos_text)
+        self._main_key: str | None = None
+        self._recorded: dict[int, _Recorded] = {}
+
+    # ------------------------------------------------------------------ rendering
+
+    def _render(self, messages: list[Message], tools: list[ToolSpec] | None, *, generation: bool,
+                thinking: bool | None = None) -> str:
+        kwargs = dict(self.template_kwargs)
+        if thinking is not None:
+            kwargs["enable_thinking"] = thinking
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation, **kwargs)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, request: ChatRequest) -> PreparedTurn:
+        """Decide segment and prompt ids for ``request`` (does not change any state)."""
+        messages = list(request.messages)
+        tools = tuple(request.tools or ())
+        key = system_key(messages)
+        kind: SegmentKind = "main" if self._main_key in (None, key) else "side"
+        segs = self.trajectory.segments
+        for idx in range(len(segs) - 1, -1, -1):
+            seg = segs[idx]
+            if seg.system_key != key or seg.kind != kind or idx not in self._recorded:
+                continue
+            env = self._extension(idx, messages, tools, request.thinking)
+            if env is None:
+                continue
+            base = seg.full_ids
+            prompt = base + env
+            if prompt[: len(base)] != base:  # rule 5: by construction; kept as a guard
+                raise InvariantViolation(f"extension prompt of segment {idx} does not start with its sequence")
+            return PreparedTurn(idx, kind, key, prompt, env, len(base), None, tuple(messages), tools)
+        text = self._render(messages, list(tools), generation=True, thinking=request.thinking)
+        prompt = self._encode(text)
+        rewritten = kind == "main" and any(s.kind == "main" for s in segs)
+        header = SegmentHeader(kind=kind, rewritten=rewritten, system_key=key, prompt_ids=tuple(prompt))
+        return PreparedTurn(len(segs), kind, key, prompt, [], 0, header, tuple(messages), tools)
+
+    def _extension(self, idx: int, messages: list[Message], tools: tuple[ToolSpec, ...],
+                   thinking: bool | None) -> list[int] | None:
+        """Environment ids extending segment ``idx`` to ``messages``, or None if it does not extend."""
+        rec = self._recorded[idx]
+        m = len(rec.norms)
+        if rec.tools != tools or len(messages) < m:
+            return None
+        if not all(_same(r, _norm(e)) for r, e in zip(rec.norms, messages[:m])):
+            return None
+        s_prev = self._render(messages[:m], list(tools), generation=False)
+        s_full = self._render(messages, list(tools), generation=True, thinking=thinking)
+        cut = s_prev.rfind(self.eos_text)
+        if not s_full.startswith(s_prev) or cut == -1:
+            return None
+        env = self._encode(s_full[cut + len(self.eos_text):])
+        seg = self.trajectory.segments[idx]
+        if seg.full_ids[-1] != self.eos_id:
+            env = [self.eos_id] + env
+        return env
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, prepared: PreparedTurn, generation: Generation, parsed: ParsedOutput,
+               info: TurnInfo = TurnInfo()) -> TurnRecord:
+        """Record a successful generation for ``prepared`` and remember the returned message."""
+        traj = self.trajectory
+        if prepared.new_segment is not None:
+            if prepared.segment_index != len(traj.segments):
+                raise StalePreparedTurn(f"segment {prepared.segment_index} was opened by another turn")
+        elif len(traj.segments[prepared.segment_index]) != prepared.base_len:
+            raise StalePreparedTurn(f"segment {prepared.segment_index} grew since prepare")
+        if generation.prompt_token_ids and list(generation.prompt_token_ids) != prepared.prompt_ids:
+            raise InvariantViolation("the backend reports a different prompt than the one prepared")
+        record = TurnRecord(
+            segment=prepared.segment_index,
+            prompt_tokens=len(prepared.prompt_ids),
+            completion_tokens=len(generation.token_ids),
+            env_tokens_added=len(prepared.env_ids),
+            finish_reason=generation.finish_reason,
+            replica=generation.replica,
+            latency_s=info.latency_s,
+            tool_calls=len(parsed.tool_calls),
+            parse_failures=parsed.parse_failures,
+            resumed_after_abort=generation.resumed_after_abort,
+            started_at=info.started_at,
+        )
+        traj.apply(TurnDelta(
+            record=record, gen_ids=generation.token_ids, gen_logprobs=generation.logprobs,
+            env_ids=prepared.env_ids, new_segment=prepared.new_segment,
+            routed_experts=generation.routed_experts, policy_version=info.policy_version,
+        ))
+        if self._main_key is None:
+            self._main_key = prepared.system_key
+        conversation = [*prepared.messages, assistant_message(parsed)]
+        self._recorded[prepared.segment_index] = _Recorded(tuple(_norm(m) for m in conversation), prepared.tools)
+        return record
+
+    def count_tokens(self, request: ChatRequest) -> int:
+        """Tokens of the prompt that ``prepare(request)`` would send."""
+        return len(self.prepare(request).prompt_ids)

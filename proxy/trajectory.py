@@ -1,0 +1,411 @@
+"""The token-exact trajectory of one session, its accounting fold and compact serialization.
+
+Public API:
+
+    Segment        one token sequence: prompt_ids + response_ids (mask/logprobs per response token)
+    TurnRecord     what happened in one generation turn (counts, timing, replica, finish reason)
+    TurnDelta      everything one turn adds; the only way a trajectory changes (besides notes)
+    Counters       turns, tool_calls, parse_failures, overlong, aborts_resumed
+    Mark           a position in a trajectory's history, for incremental checkpoints
+    Trajectory
+        .apply(delta: TurnDelta) -> TurnRecord      the fold step (in-memory mutation, no I/O)
+        .note_overlong() -> None                     a request rejected as too long (no tokens)
+        .mark() -> Mark                              position to take the next delta from
+        .delta_since(mark: Mark) -> bytes            npz with only what changed after ``mark``
+        .to_bytes() -> bytes                         == delta_since(Mark.EMPTY)
+        .apply_checkpoint(payload: bytes) -> None    apply one delta (must continue this state)
+        Trajectory.from_bytes(payload) / Trajectory.from_checkpoints([payload, ...])
+    experts_sentinel(dtype) -> int, FORMAT_VERSION
+    TrajectoryError (ValueError), CheckpointGapError (TrajectoryError)
+
+Accounting is a fold: ``Trajectory.apply`` mutates the trajectory in memory only (no I/O,
+no clock, no randomness), so replaying the same deltas always gives the same trajectory.
+It validates the delta (lengths, segment index, experts rows) and raises ``TrajectoryError``
+before touching anything, so a rejected delta leaves the trajectory unchanged.
+
+Token layout of a segment: ``prompt_ids`` is the segment's first prompt; every later turn that
+extends the segment appends its environment tokens (new messages + template text, mask 0,
+logprob 0.0) and then the generated tokens (mask 1, vLLM's logprobs) to ``response_ids``.
+Logprobs are stored as float32 (what vLLM computes and what the trainer consumes), so
+values are rounded to float32 on ``apply`` and round-trip exactly.
+
+Routed experts (R3): per segment either None (dense model, or never reported) or an integer
+array [len(prompt_ids) + len(response_ids), layers, top_k] aligned with the full sequence.
+vLLM reports [n - 1, layers, top_k] for a forward over n = prompt + generated tokens (the last
+sampled token is never fed back), so each turn overwrites rows 0..n-2 with the turn's report
+(the latest routing of every position) and the last row holds the sentinel "unknown".
+A turn without experts on a segment that has some appends sentinel rows. dtype is uint8
+(sentinel 255) while every expert id is < 255, else int16 (sentinel -1); a later upgrade to
+int16 converts the earlier rows and their sentinels.
+
+Counters: ``turns`` and ``tool_calls``/``parse_failures``/``aborts_resumed`` are sums over turn
+records; ``overlong`` counts turns that finished with ``"length"`` plus ``note_overlong`` calls.
+
+Serialization: an ``np.savez_compressed`` archive with int32 ids, uint8 masks, float32
+logprobs, the experts rows, and one ``meta`` entry (UTF-8 JSON as uint8) holding session id,
+metadata, counters, new turn records and per-segment headers. A checkpoint delta holds only
+new segments, appended tokens, changed expert rows and new turn records (metadata and
+counters in full; they are small), and records the state it continues from, so applying a
+delta to the wrong state raises ``CheckpointGapError`` instead of silently corrupting.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Literal, Sequence
+
+import numpy as np
+
+SegmentKind = Literal["main", "side"]
+FORMAT_VERSION = 1
+
+
+_BAD_PAYLOAD = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+
+class TrajectoryError(ValueError):
+    """A delta or payload that does not fit the trajectory (the trajectory is left unchanged)."""
+
+
+class CheckpointGapError(TrajectoryError):
+    """A checkpoint delta does not continue the state it is applied to (missing or reordered)."""
+
+
+def experts_sentinel(dtype: np.dtype | type) -> int:
+    """The "unknown experts" value for an experts array of ``dtype`` (uint8 or int16)."""
+    return 255 if np.dtype(dtype) == np.uint8 else -1
+
+
+def _experts_dtype(max_id: int) -> np.dtype:
+    return np.dtype(np.uint8) if max_id < 255 else np.dtype(np.int16)
+
+
+def _as_experts(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Cast ``arr`` (our dtype or vLLM's int32) to ``dtype``, keeping sentinels as sentinels."""
+    if arr.dtype == dtype:
+        return arr
+    if arr.dtype == np.uint8:  # uint8 -> int16 upgrade: 255 meant unknown
+        out = arr.astype(dtype)
+        out[arr == 255] = experts_sentinel(dtype)
+        return out
+    return arr.astype(dtype)
+
+
+@dataclass
+class Segment:
+    """One token sequence. ``full_ids`` = prompt_ids + response_ids is what the model saw."""
+
+    kind: SegmentKind
+    rewritten: bool
+    system_key: str
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    routed_experts: np.ndarray | None = None
+    policy_version_min: int | None = None
+    policy_version_max: int | None = None
+    # (turn index, first experts row that changed) per turn applied; lets deltas carry only
+    # the rows that changed.
+    experts_writes: list[tuple[int, int]] = field(default_factory=list, repr=False)
+
+    @property
+    def full_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class TurnRecord:
+    """One generation turn. ``env_tokens_added`` counts mask-0 tokens appended before it."""
+
+    segment: int
+    prompt_tokens: int
+    completion_tokens: int
+    env_tokens_added: int
+    finish_reason: str
+    replica: str = ""
+    latency_s: float = 0.0
+    tool_calls: int = 0
+    parse_failures: int = 0
+    resumed_after_abort: int = 0
+    started_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class SegmentHeader:
+    """What opens a new segment (its first prompt and routing identity)."""
+
+    kind: SegmentKind
+    rewritten: bool
+    system_key: str
+    prompt_ids: Sequence[int]
+
+
+@dataclass(frozen=True)
+class TurnDelta:
+    """Everything one turn adds to a trajectory.
+
+    ``new_segment`` set: the turn opens segment ``record.segment`` (== len(segments)) with that
+    header; ``env_ids`` must then be empty. Otherwise the turn extends segment
+    ``record.segment``: ``env_ids`` (mask 0) then ``gen_ids`` (mask 1) are appended.
+    ``routed_experts`` is vLLM's report for this forward, [len(segment after env) + len(gen) - 1,
+    layers, top_k], or None.
+    """
+
+    record: TurnRecord
+    gen_ids: Sequence[int]
+    gen_logprobs: Sequence[float]
+    env_ids: Sequence[int] = ()
+    new_segment: SegmentHeader | None = None
+    routed_experts: np.ndarray | None = None
+    policy_version: int | None = None
+
+
+@dataclass
+class Counters:
+    turns: int = 0
+    tool_calls: int = 0
+    parse_failures: int = 0
+    overlong: int = 0
+    aborts_resumed: int = 0
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A trajectory position: turn count, response length per segment, overlong notes."""
+
+    turns: int
+    response_lens: tuple[int, ...]
+
+    EMPTY: ClassVar["Mark"]
+
+
+Mark.EMPTY = Mark(0, ())
+
+
+@dataclass
+class Trajectory:
+    session_id: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    segments: list[Segment] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    counters: Counters = field(default_factory=Counters)
+
+    # ------------------------------------------------------------------ fold
+
+    def apply(self, delta: TurnDelta) -> TurnRecord:
+        """Apply one turn (validated first; on error nothing changes). Returns the record."""
+        rec = delta.record
+        if len(delta.gen_ids) != len(delta.gen_logprobs):
+            raise TrajectoryError(f"{len(delta.gen_ids)} generated ids but {len(delta.gen_logprobs)} logprobs")
+        if delta.new_segment is not None:
+            if rec.segment != len(self.segments):
+                raise TrajectoryError(f"new segment must get index {len(self.segments)}, got {rec.segment}")
+            if delta.env_ids:
+                raise TrajectoryError("a new segment's turn has no environment delta")
+            h = delta.new_segment
+            seg = Segment(kind=h.kind, rewritten=h.rewritten, system_key=h.system_key, prompt_ids=list(h.prompt_ids))
+            base = 0  # experts/extension checks below run against the fresh segment
+        else:
+            if not 0 <= rec.segment < len(self.segments):
+                raise TrajectoryError(f"turn refers to unknown segment {rec.segment}")
+            seg = self.segments[rec.segment]
+            base = len(seg)
+        n_after = (len(seg.prompt_ids) if delta.new_segment else base) + len(delta.env_ids) + len(delta.gen_ids)
+        experts = self._merged_experts(seg, delta.routed_experts, n_after)
+
+        if delta.new_segment is not None:
+            self.segments.append(seg)
+        old_experts = seg.routed_experts
+        seg.response_ids.extend(int(t) for t in delta.env_ids)
+        seg.response_mask.extend([0] * len(delta.env_ids))
+        seg.response_logprobs.extend([0.0] * len(delta.env_ids))
+        seg.response_ids.extend(int(t) for t in delta.gen_ids)
+        seg.response_mask.extend([1] * len(delta.gen_ids))
+        seg.response_logprobs.extend(np.asarray(delta.gen_logprobs, dtype=np.float32).tolist())
+        if experts is not None:
+            seg.experts_writes.append((len(self.turns), _first_changed_row(old_experts, experts)))
+        seg.routed_experts = experts
+        if delta.policy_version is not None:
+            v = delta.policy_version
+            seg.policy_version_min = v if seg.policy_version_min is None else min(seg.policy_version_min, v)
+            seg.policy_version_max = v if seg.policy_version_max is None else max(seg.policy_version_max, v)
+        self.turns.append(rec)
+        c = self.counters
+        c.turns += 1
+        c.tool_calls += rec.tool_calls
+        c.parse_failures += rec.parse_failures
+        c.aborts_resumed += rec.resumed_after_abort
+        c.overlong += rec.finish_reason == "length"
+        return rec
+
+    def note_overlong(self) -> None:
+        """Count a request that could not be served because its prompt was too long."""
+        self.counters.overlong += 1
+
+    @staticmethod
+    def _merged_experts(seg: Segment, reported: np.ndarray | None, n_after: int) -> np.ndarray | None:
+        """The segment's experts array after a turn ending at sequence length ``n_after``."""
+        old = seg.routed_experts
+        if reported is None:
+            if old is None:
+                return None
+            pad = np.full((n_after - len(old),) + old.shape[1:], experts_sentinel(old.dtype), dtype=old.dtype)
+            return np.concatenate([old, pad])
+        reported = np.asarray(reported)
+        if reported.ndim != 3 or len(reported) != n_after - 1:
+            raise TrajectoryError(f"routed_experts shape {reported.shape}: expected [{n_after - 1}, layers, top_k]")
+        if old is not None and old.shape[1:] != reported.shape[1:]:
+            raise TrajectoryError(f"routed_experts shape {reported.shape} does not match earlier {old.shape}")
+        if reported.size and (reported.min() < 0 or reported.max() > np.iinfo(np.int16).max):
+            raise TrajectoryError("routed_experts ids out of range")
+        max_id = int(reported.max()) if reported.size else 0
+        dtype = _experts_dtype(max_id)
+        if old is not None and old.dtype == np.int16:
+            dtype = old.dtype  # never downgrade: earlier rows may hold ids >= 255
+        rows = _as_experts(reported, dtype)
+        last = np.full((1,) + reported.shape[1:], experts_sentinel(dtype), dtype=dtype)
+        return np.concatenate([rows, last])
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def mark(self) -> Mark:
+        return Mark(len(self.turns), tuple(len(s.response_ids) for s in self.segments))
+
+    def delta_since(self, mark: Mark) -> bytes:
+        """npz bytes holding what changed after ``mark`` (all of it for ``Mark.EMPTY``)."""
+        if mark.turns > len(self.turns) or len(mark.response_lens) > len(self.segments):
+            raise CheckpointGapError(f"mark {mark} is ahead of this trajectory")
+        arrays: dict[str, np.ndarray] = {}
+        seg_meta: list[dict[str, Any]] = []
+        for i, seg in enumerate(self.segments):
+            is_new = i >= len(mark.response_lens)
+            r_from = 0 if is_new else mark.response_lens[i]
+            writes = [row for t, row in seg.experts_writes if t >= mark.turns]
+            if not is_new and r_from == len(seg.response_ids) and not writes:
+                continue
+            e_from = None
+            if seg.routed_experts is not None:
+                e_from = 0 if is_new else min(writes + [len(seg.prompt_ids) + r_from])
+                arrays[f"s{i}.experts"] = seg.routed_experts[e_from:]
+            if is_new:
+                arrays[f"s{i}.prompt_ids"] = np.asarray(seg.prompt_ids, dtype=np.int32)
+            arrays[f"s{i}.response_ids"] = np.asarray(seg.response_ids[r_from:], dtype=np.int32)
+            arrays[f"s{i}.response_mask"] = np.asarray(seg.response_mask[r_from:], dtype=np.uint8)
+            arrays[f"s{i}.response_logprobs"] = np.asarray(seg.response_logprobs[r_from:], dtype=np.float32)
+            seg_meta.append({
+                "index": i, "new": is_new, "kind": seg.kind, "rewritten": seg.rewritten,
+                "system_key": seg.system_key, "response_from": r_from, "experts_from": e_from,
+                "policy_version_min": seg.policy_version_min, "policy_version_max": seg.policy_version_max,
+                "experts_writes": [[t, row] for t, row in seg.experts_writes if t >= mark.turns],
+            })
+        meta = {
+            "format": FORMAT_VERSION, "session_id": self.session_id, "metadata": self.metadata,
+            "counters": asdict(self.counters), "base_turns": mark.turns, "base_segments": len(mark.response_lens),
+            "turns": [asdict(t) for t in self.turns[mark.turns:]], "segments": seg_meta,
+        }
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        return buf.getvalue()
+
+    def to_bytes(self) -> bytes:
+        return self.delta_since(Mark.EMPTY)
+
+    def apply_checkpoint(self, payload: bytes) -> None:
+        """Apply one ``delta_since`` payload; it must continue exactly this trajectory's state."""
+        try:
+            with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            meta = json.loads(arrays.pop("meta").tobytes())
+        except _BAD_PAYLOAD as exc:
+            raise TrajectoryError(f"not a trajectory payload: {exc}") from exc
+        if meta.get("format") != FORMAT_VERSION:
+            raise TrajectoryError(f"unknown trajectory format {meta.get('format')!r}")
+        if meta["session_id"] != self.session_id:
+            raise TrajectoryError(f"payload of session {meta['session_id']!r}, not {self.session_id!r}")
+        if meta["base_turns"] != len(self.turns) or meta["base_segments"] != len(self.segments):
+            raise CheckpointGapError(
+                f"delta continues {meta['base_turns']} turns / {meta['base_segments']} segments, "
+                f"trajectory has {len(self.turns)} / {len(self.segments)}")
+        staged = {i: s for i, s in enumerate(self.segments)}
+        try:
+            for sm in meta["segments"]:
+                staged[sm["index"]] = self._staged_segment(staged.get(sm["index"]), sm, arrays, len(staged))
+            turns = [TurnRecord(**t) for t in meta["turns"]]
+            counters = Counters(**meta["counters"])
+        except (KeyError, TypeError) as exc:
+            raise TrajectoryError(f"malformed trajectory payload: {exc!r}") from exc
+        self.segments = [staged[i] for i in range(len(staged))]
+        self.turns.extend(turns)
+        self.metadata = meta["metadata"]
+        self.counters = counters
+
+    @staticmethod
+    def _staged_segment(
+        old: Segment | None, sm: dict[str, Any], arrays: dict[str, np.ndarray], n_staged: int,
+    ) -> Segment:
+        """Segment ``sm["index"]`` with the delta applied (a copy; ``old`` is not touched)."""
+        i = sm["index"]
+        if sm["new"]:
+            if old is not None or i != n_staged:
+                raise CheckpointGapError(f"new segment {i} does not follow the {n_staged} known segments")
+            seg = Segment(kind=sm["kind"], rewritten=sm["rewritten"], system_key=sm["system_key"],
+                          prompt_ids=arrays[f"s{i}.prompt_ids"].tolist())
+        else:
+            if old is None or sm["response_from"] != len(old.response_ids):
+                raise CheckpointGapError(f"segment {i}: delta starts at response token {sm['response_from']}")
+            seg = Segment(kind=old.kind, rewritten=old.rewritten, system_key=old.system_key,
+                          prompt_ids=old.prompt_ids, response_ids=list(old.response_ids),
+                          response_mask=list(old.response_mask), response_logprobs=list(old.response_logprobs),
+                          routed_experts=old.routed_experts, experts_writes=list(old.experts_writes))
+        seg.response_ids.extend(arrays[f"s{i}.response_ids"].tolist())
+        seg.response_mask.extend(arrays[f"s{i}.response_mask"].tolist())
+        seg.response_logprobs.extend(arrays[f"s{i}.response_logprobs"].tolist())
+        if sm["experts_from"] is not None:
+            rows = arrays[f"s{i}.experts"]
+            keep = seg.routed_experts[: sm["experts_from"]] if seg.routed_experts is not None else rows[:0]
+            dtype = np.promote_types(keep.dtype, rows.dtype)  # uint8 rows + int16 rows -> int16
+            seg.routed_experts = np.concatenate([_as_experts(keep, dtype), _as_experts(rows, dtype)])
+        seg.experts_writes.extend((t, row) for t, row in sm["experts_writes"])
+        seg.policy_version_min = sm["policy_version_min"]
+        seg.policy_version_max = sm["policy_version_max"]
+        if seg.routed_experts is not None and len(seg.routed_experts) != len(seg):
+            raise TrajectoryError(f"segment {i}: {len(seg.routed_experts)} experts rows for {len(seg)} tokens")
+        return seg
+
+    @classmethod
+    def from_checkpoints(cls, payloads: Sequence[bytes]) -> "Trajectory":
+        """Rebuild from a full payload or a chain of deltas (the first continues the empty state)."""
+        if not payloads:
+            raise TrajectoryError("no checkpoints")
+        try:
+            with np.load(io.BytesIO(payloads[0]), allow_pickle=False) as z:
+                session_id = json.loads(z["meta"].tobytes())["session_id"]
+        except _BAD_PAYLOAD as exc:
+            raise TrajectoryError(f"not a trajectory payload: {exc}") from exc
+        traj = cls(session_id=session_id)
+        for p in payloads:
+            traj.apply_checkpoint(p)
+        return traj
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> "Trajectory":
+        return cls.from_checkpoints([payload])
+
+
+def _first_changed_row(old: np.ndarray | None, new: np.ndarray) -> int:
+    """First row where ``new`` differs from ``old`` (rows past ``old``'s end count as changed)."""
+    if old is None:
+        return 0
+    n = min(len(old), len(new))
+    if old.dtype != new.dtype:
+        old = _as_experts(old, new.dtype)
+    diff = np.flatnonzero((old[:n] != new[:n]).reshape(n, -1).any(axis=1))
+    return int(diff[0]) if len(diff) else n
