@@ -1,0 +1,3 @@
+#!/bin/bash
+# Writes reward.json with correctness / style / efficiency (see score.py).
+python3 /tests/score.py

@@ -1,0 +1,254 @@
+"""Task loading: the sample tasks, every error path, hashes, and fuzzed task.toml."""
+
+import shutil
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.trialflow.conftest import EXAMPLES, SAMPLE_TASKS
+from trialflow.errors import TaskInvalid, UnsupportedEnvironment
+from trialflow.tasks import hash_tree, load_task, parse_size_mb
+
+
+def make_task(root: Path, toml: str = 'version = "1.0"\n', *, instruction: str | None = "Do it.\n",
+              dockerfile: str | None = "FROM trialflow-base:bookworm\n", test_sh: str | None = "echo 1\n",
+              solve_sh: str | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "task.toml").write_text(toml)
+    for rel, content in [("instruction.md", instruction), ("environment/Dockerfile", dockerfile),
+                         ("tests/test.sh", test_sh), ("solution/solve.sh", solve_sh)]:
+        if content is not None:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(content)
+    return root
+
+
+@pytest.mark.parametrize("name", SAMPLE_TASKS)
+def test_sample_tasks_load(name):
+    task = load_task(EXAMPLES / name)
+    assert task.name == name
+    assert task.instruction.strip()
+    assert task.dockerfile is not None and task.dockerfile.read_text().startswith("FROM trialflow-base:bookworm")
+    assert task.solution_dir is not None and (task.solution_dir / "solve.sh").is_file()
+    assert task.unknown_keys == ()
+    assert task.image_tag == f"trialflow-task:{task.env_hash[:32]}"
+
+
+def test_at_least_six_samples():
+    assert {"create-file", "fix-bug", "multi-step", "reward-json", "verifier-timeout",
+            "verifier-error"} <= set(SAMPLE_TASKS)
+
+
+def test_full_harbor_config_is_read(tmp_path):
+    toml = '''
+schema_version = "1.1"
+[task]
+name = "acme/full"
+description = "d"
+authors = [{ name = "A", email = "a@example.com" }]
+[metadata]
+difficulty = "hard"
+tags = ["x"]
+[verifier]
+timeout_sec = 12
+env = { K = "v" }
+user = "tester"
+[agent]
+timeout_sec = 34.5
+user = 1000
+[environment]
+build_timeout_sec = 56
+docker_image = "img:1"
+cpus = 2
+memory = "2G"
+storage = "512M"
+workdir = "/srv"
+env = { E = "1" }
+gpus = 0
+allow_internet = true
+[solution]
+env = { S = "2" }
+'''
+    task = load_task(make_task(tmp_path / "full", toml, dockerfile=None))
+    c = task.config
+    assert c.version == "1.1" and c.task.name == "acme/full" and c.task.authors[0].email == "a@example.com"
+    assert c.metadata["difficulty"] == "hard"
+    assert (c.verifier.timeout_sec, c.verifier.env, c.verifier.user) == (12.0, {"K": "v"}, "tester")
+    assert (c.agent.timeout_sec, c.agent.user) == (34.5, 1000)
+    e = c.environment
+    assert (e.build_timeout_sec, e.docker_image, e.cpus, e.memory_mb, e.storage_mb, e.workdir) == (
+        56.0, "img:1", 2.0, 2048, 512, "/srv")
+    assert c.solution.env == {"S": "2"}
+    assert task.dockerfile is None and task.image_tag == "img:1"
+    # Harbor fields we do not act on are kept and reported, not rejected.
+    assert set(task.unknown_keys) == {"environment.gpus", "environment.allow_internet"}
+
+
+def test_defaults_when_sections_are_missing(tmp_path):
+    task = load_task(make_task(tmp_path / "t", ""))
+    c = task.config
+    assert c.verifier.timeout_sec == 600.0 and c.agent.timeout_sec is None
+    assert (c.environment.cpus, c.environment.memory_mb, c.environment.storage_mb) == (1.0, 2048, 10240)
+    assert task.solution_dir is None
+
+
+def test_unknown_keys_are_kept_and_logged(tmp_path, caplog):
+    caplog.set_level("INFO")
+    task = load_task(make_task(tmp_path / "t", 'flavour = "x"\n[verifier]\nretries = 3\n[extra]\na = 1\n'))
+    assert set(task.unknown_keys) == {"flavour", "extra", "verifier.retries"}
+    assert task.config.verifier.model_extra == {"retries": 3}
+    assert "verifier.retries" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("toml", "field"),
+    [
+        ("[verifier]\ntimeout_sec = -1\n", "verifier.timeout_sec"),
+        ("[verifier]\ntimeout_sec = 'soon'\n", "verifier.timeout_sec"),
+        ("[verifier]\nenv = { A = 1 }\n", "verifier.env.A"),
+        ("[agent]\ntimeout_sec = 0\n", "agent.timeout_sec"),
+        ("[environment]\nmemory = \"lots\"\n", "environment.memory"),
+        ("[environment]\nmemory_mb = 0\n", "environment.memory_mb"),
+        ("[environment]\ncpus = -2\n", "environment.cpus"),
+        ("[environment]\nworkdir = \"relative/dir\"\n", "environment.workdir"),
+        ("[task]\ndescription = \"no name\"\n", "task.name"),
+        ("verifier = 3\n", "verifier"),
+        ("metadata = \"x\"\n", "metadata"),
+    ],
+)
+def test_invalid_field_names_file_and_field(tmp_path, toml, field):
+    with pytest.raises(TaskInvalid) as exc:
+        load_task(make_task(tmp_path / "t", toml))
+    assert exc.value.file == "task.toml"
+    assert exc.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "file"),
+    [
+        ({"instruction": None}, "instruction.md"),
+        ({"instruction": "  \n"}, "instruction.md"),
+        ({"dockerfile": None}, "environment/Dockerfile"),
+        ({"test_sh": None}, "tests/test.sh"),
+    ],
+)
+def test_missing_files(tmp_path, kwargs, file):
+    with pytest.raises(TaskInvalid) as exc:
+        load_task(make_task(tmp_path / "t", **kwargs))
+    assert exc.value.file == file and exc.value.field is None
+
+
+def test_missing_toml_syntax_error_and_bad_encoding(tmp_path):
+    root = make_task(tmp_path / "t")
+    (root / "task.toml").unlink()
+    with pytest.raises(TaskInvalid, match="task.toml: file is missing"):
+        load_task(root)
+    (root / "task.toml").write_text("[verifier\n")
+    with pytest.raises(TaskInvalid, match="TOML syntax error"):
+        load_task(root)
+    (root / "task.toml").write_bytes(b"\xff\xfe")
+    with pytest.raises(TaskInvalid, match="not UTF-8"):
+        load_task(root)
+    with pytest.raises(TaskInvalid, match="does not exist"):
+        load_task(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("name", ["docker-compose.yaml", "docker-compose.yml"])
+def test_compose_environment_is_unsupported(tmp_path, name):
+    root = make_task(tmp_path / "t")
+    (root / "environment" / name).write_text("services: {}\n")
+    with pytest.raises(UnsupportedEnvironment, match="docker-compose environments are not supported yet"):
+        load_task(root)
+
+
+def test_hashes_are_stable_and_scoped(tmp_path):
+    src = EXAMPLES / "fix-bug"
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(src, a)
+    shutil.copytree(src, b)
+    ta, tb = load_task(a), load_task(b)
+    assert (ta.env_hash, ta.content_hash) == (tb.env_hash, tb.content_hash) == (
+        load_task(src).env_hash, load_task(src).content_hash)
+    # Editing tests changes the task hash but not the image cache key.
+    (b / "tests" / "test.sh").write_text("echo changed\n")
+    tb = load_task(b)
+    assert tb.env_hash == ta.env_hash and tb.content_hash != ta.content_hash
+    # The executable bit and bytecode caches: one counts, the other does not.
+    (b / "environment" / "app" / "__pycache__").mkdir()
+    (b / "environment" / "app" / "__pycache__" / "stats.cpython-311.pyc").write_bytes(b"junk")
+    assert load_task(b).env_hash == ta.env_hash
+    (b / "environment" / "app" / "stats.py").chmod(0o755)
+    assert load_task(b).env_hash != ta.env_hash
+
+
+def test_hash_tree_distinguishes_renames(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "a").write_text("1")
+    h1 = hash_tree(tmp_path)
+    (tmp_path / "x" / "a").rename(tmp_path / "x" / "b")
+    assert hash_tree(tmp_path) != h1
+
+
+@pytest.mark.parametrize(("text", "mb"), [("2G", 2048), ("512M", 512), ("1.5g", 1536), ("2048K", 2), ("4GB", 4096)])
+def test_parse_size(text, mb):
+    assert parse_size_mb(text) == mb
+
+
+@pytest.mark.parametrize("text", ["", "2", "G", "-1G", "0M", "abcM", "1T"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        parse_size_mb(text)
+
+
+_toml_text = st.text(alphabet=string.printable, max_size=200)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=_toml_text)
+def test_any_task_toml_loads_or_raises_task_invalid(tmp_path, body):
+    """Whatever bytes task.toml holds, loading never fails with anything but TaskInvalid."""
+    root = make_task(tmp_path / "fuzz", body)
+    try:
+        task = load_task(root)
+    except TaskInvalid as e:
+        assert e.file == "task.toml"
+    else:
+        assert task.config.verifier.timeout_sec > 0
+
+
+_scalar = st.one_of(st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=5), st.booleans(),
+                    st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(section=st.sampled_from(["verifier", "agent", "environment", "solution"]),
+       key=st.sampled_from(["timeout_sec", "env", "user", "cpus", "memory", "memory_mb", "workdir",
+                            "build_timeout_sec", "docker_image", "unknown"]),
+       value=_scalar)
+def test_wrong_types_name_the_field(tmp_path, section, key, value):
+    import tomllib
+
+    toml = f"[{section}]\n{key} = {_toml_value(value)}\n"
+    try:
+        tomllib.loads(toml)
+    except tomllib.TOMLDecodeError:
+        return
+    root = make_task(tmp_path / "fuzz", toml)
+    try:
+        load_task(root)
+    except TaskInvalid as e:
+        assert e.field is not None and e.field.startswith(f"{section}.{key}")
+
+
+def _toml_value(v) -> str:
+    import json
+    import math
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else ("inf" if v == math.inf else "-inf" if v == -math.inf else repr(v))
+    return json.dumps(v)
