@@ -1,0 +1,267 @@
+"""Trial trajectory -> the fields of verl's ``AgentLoopOutput`` (pure: no verl, no I/O).
+
+``convert_trial(trajectory, result, config)`` returns a `ConvertedTrial`: one `primary`
+sample (what a verl agent loop returns) plus `extras` (other segments, when configured).
+`LoopSample.output_fields()` is the keyword set for ``AgentLoopOutput(**fields)``.
+
+Which segment is trained on
+- primary: the first ``main`` segment that is not ``rewritten`` (the conversation as the
+  scaffold started it); if every main segment is rewritten, the first main segment.
+- ``rewritten`` main segments (the scaffold rewrote its history, e.g. compaction, so the
+  proxy opened a new sequence) and ``side`` segments (sub-agents, title/summary calls)
+  are each a complete, token-exact sequence of their own. `ConvertConfig.rewritten` and
+  `ConvertConfig.side` say per kind: ``"drop"`` (default) or ``"extra"`` (an extra sample
+  with the trial's reward). verl's classic ``AgentLoopWorker`` takes ONE output per
+  sample, so extras only reach training through verl's v1 (TransferQueue) worker, which
+  accepts a list (the agent loop returns ``[*extras, primary]``: verl scores the last).
+- no main segment at all (e.g. the ``oracle``/``nop`` scaffolds never call the model, or
+  the scaffold died before its first turn): the primary is a one-token placeholder
+  (``filler_token_id``) with an all-zero mask, flagged ``empty``.
+
+Lengths (verl pads to ``rollout.prompt_length`` / ``rollout.response_length`` and fails
+on longer inputs)
+- a prompt longer than ``prompt_length`` keeps its first ``prompt_length`` tokens as the
+  prompt and moves the rest to the head of the response as environment tokens (mask 0,
+  logprob 0.0). The model input (prompt + response) is unchanged, so logprobs and
+  routed experts stay aligned; only the response budget shrinks (``prompt_spill``).
+- a response longer than the budget is cut (``overlong``); masks, logprobs and experts
+  are cut with it.
+
+Rewards and masks
+- ``reward_score`` is the verifier's reward when ``result.reward_valid``, else
+  ``invalid_reward``. With ``mask_invalid`` (default) an invalid trial (infra error,
+  verifier error, cancelled) also gets an all-zero ``response_mask`` so that a broken
+  environment never looks like a model failure to the policy gradient.
+
+Routed experts (R3)
+- the trajectory keeps ``[len(prompt) + len(response), layers, top_k]`` per segment with a
+  sentinel (255 for uint8, -1 for int16) where the routing is unknown (the last token, turns
+  without a report). verl wants the same row layout starting at the first prompt token,
+  rows it does not know as 0. So: rows cut to the kept tokens, sentinels -> 0.
+- ``experts_shape`` None: experts are never emitted (verl then has no ``routed_experts``).
+  Set to ``(layers, top_k)``: every sample carries experts (zeros where the trajectory has
+  none), because verl concatenates the field across the batch and cannot mix with None.
+  A trajectory whose experts have another shape raises `ConversionError`.
+
+Policy versions: ``min_global_steps`` / ``max_global_steps`` (verl's own extra-field keys,
+used for staleness filtering) come from the segment's ``policy_version_min/max``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from proxy.trajectory import Segment, Trajectory, experts_sentinel
+from workflows.shared import TrialResult
+
+SegmentPolicy = Literal["drop", "extra"]
+
+
+class ConversionError(ValueError):
+    """The trajectory cannot be expressed as verl samples under this configuration."""
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """How trajectories become samples. Lengths are verl's ``rollout.prompt_length`` and
+    ``rollout.response_length``; both must be >= 1."""
+
+    prompt_length: int
+    response_length: int
+    filler_token_id: int = 0
+    with_logprobs: bool = True
+    experts_shape: tuple[int, int] | None = None
+    side: SegmentPolicy = "drop"
+    rewritten: SegmentPolicy = "drop"
+    invalid_reward: float = 0.0
+    mask_invalid: bool = True
+
+    def __post_init__(self) -> None:
+        if self.prompt_length < 1 or self.response_length < 1:
+            raise ConversionError(f"lengths must be >= 1, got {self.prompt_length}/{self.response_length}")
+
+
+@dataclass
+class LoopSample:
+    """One training sample: the token fields of ``AgentLoopOutput`` and what happened to it."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float] | None
+    routed_experts: np.ndarray | None
+    segment: int | None  # index in the trajectory; None for the empty placeholder
+    kind: str  # "main" | "side" | "rewritten" | "empty"
+    overlong: bool = False  # the response was cut to the budget
+    prompt_spill: int = 0  # prompt tokens moved into the response head
+    policy_version_min: int | None = None
+    policy_version_max: int | None = None
+
+    def output_fields(self) -> dict[str, Any]:
+        """Keyword arguments for ``AgentLoopOutput`` (token fields only)."""
+        return {
+            "prompt_ids": self.prompt_ids,
+            "response_ids": self.response_ids,
+            "response_mask": self.response_mask,
+            "response_logprobs": self.response_logprobs,
+            "routed_experts": self.routed_experts,
+        }
+
+
+@dataclass
+class ConvertedTrial:
+    primary: LoopSample
+    extras: list[LoopSample] = field(default_factory=list)
+    reward_score: float = 0.0
+    masked: bool = False  # the whole trial was masked out (invalid reward)
+
+    @property
+    def samples(self) -> list[LoopSample]:
+        """Extras first, primary last (verl's v1 worker scores the last output)."""
+        return [*self.extras, self.primary]
+
+
+def convert_trial(trajectory: Trajectory | None, result: TrialResult, config: ConvertConfig) -> ConvertedTrial:
+    """Turn one trial into samples (see the module docstring for every rule)."""
+    valid = result.reward_valid
+    reward = float(result.reward) if valid else config.invalid_reward
+    masked = config.mask_invalid and not valid
+    segments = trajectory.segments if trajectory is not None else []
+    primary_index = _primary_index(segments)
+    if primary_index is None:
+        primary = _empty_sample(config)
+    else:
+        primary = _sample(segments[primary_index], primary_index, "main", config, masked)
+    extras = []
+    for i, seg in enumerate(segments):
+        if i == primary_index:
+            continue
+        kind = "side" if seg.kind == "side" else "rewritten"
+        policy = config.side if kind == "side" else config.rewritten
+        if policy == "extra":
+            extras.append(_sample(seg, i, kind, config, masked))
+    return ConvertedTrial(primary=primary, extras=extras, reward_score=reward, masked=masked)
+
+
+def _primary_index(segments: list[Segment]) -> int | None:
+    mains = [i for i, s in enumerate(segments) if s.kind == "main"]
+    if not mains:
+        return None
+    original = [i for i in mains if not segments[i].rewritten]
+    return (original or mains)[0]
+
+
+def _sample(seg: Segment, index: int, kind: str, config: ConvertConfig, masked: bool) -> LoopSample:
+    prompt = list(seg.prompt_ids)
+    response = list(seg.response_ids)
+    mask = list(seg.response_mask)
+    logprobs = [float(x) for x in seg.response_logprobs]
+    if not (len(response) == len(mask) == len(logprobs)):
+        raise ConversionError(
+            f"segment {index}: {len(response)} response ids, {len(mask)} mask, {len(logprobs)} logprobs")
+    spill = max(0, len(prompt) - config.prompt_length)
+    if spill:
+        moved = prompt[config.prompt_length:]
+        prompt = prompt[: config.prompt_length]
+        response = moved + response
+        mask = [0] * spill + mask
+        logprobs = [0.0] * spill + logprobs
+    overlong = len(response) > config.response_length
+    response = response[: config.response_length]
+    mask = [0] * len(response) if masked else mask[: config.response_length]
+    logprobs = logprobs[: config.response_length]
+    experts = _experts(seg, index, len(prompt) + len(response), config)
+    return LoopSample(
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=mask,
+        response_logprobs=logprobs if config.with_logprobs else None,
+        routed_experts=experts,
+        segment=index,
+        kind=kind,
+        overlong=overlong,
+        prompt_spill=spill,
+        policy_version_min=seg.policy_version_min,
+        policy_version_max=seg.policy_version_max,
+    )
+
+
+def _experts(seg: Segment, index: int, n_tokens: int, config: ConvertConfig) -> np.ndarray | None:
+    if config.experts_shape is None:
+        return None
+    shape = (n_tokens, *config.experts_shape)
+    src = seg.routed_experts
+    if src is None:
+        return np.zeros(shape, dtype=np.int16)
+    if tuple(src.shape[1:]) != tuple(config.experts_shape):
+        raise ConversionError(
+            f"segment {index}: routed experts {tuple(src.shape[1:])}, configured {tuple(config.experts_shape)}")
+    # verl casts to int16 and reads 0 as "unknown"; our sentinel (255 / -1) would be read
+    # as a real expert id, so it is rewritten before handing the rows over.
+    rows = src[:n_tokens].astype(np.int16)
+    rows[src[:n_tokens] == experts_sentinel(src.dtype)] = 0
+    if len(rows) < n_tokens:  # never expected (the trajectory covers every token); pad as unknown
+        rows = np.concatenate([rows, np.zeros((n_tokens - len(rows), *config.experts_shape), dtype=np.int16)])
+    return rows
+
+
+def _empty_sample(config: ConvertConfig) -> LoopSample:
+    experts = None if config.experts_shape is None else np.zeros((2, *config.experts_shape), dtype=np.int16)
+    return LoopSample(
+        prompt_ids=[config.filler_token_id],
+        response_ids=[config.filler_token_id],
+        response_mask=[0],
+        response_logprobs=[0.0] if config.with_logprobs else None,
+        routed_experts=experts,
+        segment=None,
+        kind="empty",
+    )
+
+
+def loop_metrics(trajectory: Trajectory | None, result: TrialResult) -> dict[str, float | int]:
+    """Values for verl's ``AgentLoopMetrics``.
+
+    generate_sequences: seconds the proxy spent generating (sum of turn latencies);
+    tool_calls: the rest of the scaffold phase (agent + tools + sandbox), never negative;
+    compute_score: the verifier phase; num_preempted: weight-sync aborts that were resumed.
+    """
+    generate = sum(t.latency_s for t in trajectory.turns) if trajectory is not None else 0.0
+    scaffold = float(result.timings.get("scaffold", 0.0))
+    return {
+        "generate_sequences": float(generate),
+        "tool_calls": max(0.0, scaffold - generate),
+        "compute_score": float(result.timings.get("verify", 0.0)),
+        "num_preempted": trajectory.counters.aborts_resumed if trajectory is not None else 0,
+    }
+
+
+def extra_fields(converted: ConvertedTrial, sample: LoopSample, result: TrialResult) -> dict[str, Any]:
+    """``AgentLoopOutput.extra_fields`` for one sample of a trial.
+
+    verl turns every key into a per-sample column (None where a sample lacks it), so every
+    sample gets the same keys. ``turn_scores``/``tool_rewards`` are verl's own defaults.
+    """
+    return {
+        "trial_id": result.trial_id,
+        "workflow_id": result.trial_id,
+        "termination_reason": result.termination_reason,
+        "reward_valid": result.reward_valid,
+        "rewards": dict(result.rewards),
+        "trajectory_uri": result.trajectory_uris[-1] if result.trajectory_uris else None,
+        "result_uri": result.result_uri,
+        "trial_error": result.error.type if result.error is not None else None,
+        "trial_timings": dict(result.timings),
+        "segment": sample.segment,
+        "segment_kind": sample.kind,
+        "masked": converted.masked or sample.kind == "empty",
+        "overlong": sample.overlong,
+        "prompt_spill": sample.prompt_spill,
+        "min_global_steps": sample.policy_version_min,
+        "max_global_steps": sample.policy_version_max,
+        "turn_scores": [],
+        "tool_rewards": [],
+    }
+
