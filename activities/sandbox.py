@@ -1,0 +1,89 @@
+"""Sandbox set-up and teardown activities.
+
+`setup` runs on the shared queue (any worker); it builds/creates and starts the sandbox
+on THIS worker's Docker engine and answers with this worker's host queue, where every
+later activity of the attempt is scheduled. `teardown` runs on that host queue, or on the
+shared queue as a fallback when the owning worker is gone (a worker on the same engine
+removes the container; elsewhere it is a no-op and the periodic reaper catches it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from temporalio import activity
+
+from activities._support import heartbeat_interval, heartbeating, typed_errors
+from trialflow.errors import SandboxLost
+from trialflow.metrics import TrialMetrics
+from trialflow.sandbox.base import SandboxBackend
+from trialflow.scaffolds import get_scaffold
+from trialflow.storage import TrialKeys
+from trialflow.tasks import load_task
+from workflows.shared import SetupInput, SetupOutput, TeardownInput, TeardownOutput
+
+
+class SandboxActivities:
+    """`store_uri(key)` maps a store key to its URI (the store the scaffold writes to).
+    The scaffold named in the input decides the sandbox's mounts (host-installed CLIs)."""
+
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        store_uri: Callable[[str], str],
+        host_queue: str,
+        metrics: TrialMetrics,
+    ) -> None:
+        self._backend = backend
+        self._store_uri = store_uri
+        self._host_queue = host_queue
+        self._metrics = metrics
+        self._live: set[str] = set()  # sandboxes created here and not yet torn down
+
+    @activity.defn(name="trial.setup")
+    async def setup(self, inp: SetupInput) -> SetupOutput:
+        started = time.monotonic()
+        with typed_errors():
+            task = load_task(inp.task_path)
+            # The backend adds its own labels (managed, trial id, worker); these say more.
+            labels = {**inp.labels, "trialflow.attempt": str(inp.attempt)}
+            mounts = list(get_scaffold(inp.scaffold).mounts()) if inp.scaffold else []
+            async with heartbeating(interval_s=heartbeat_interval()):
+                sandbox = await self._backend.create(
+                    task, trial_id=f"{inp.trial_id}-a{inp.attempt}", labels=labels, mounts=mounts
+                )
+                try:
+                    await sandbox.start()
+                except BaseException:
+                    await sandbox.stop()
+                    raise
+        self._live.add(sandbox.id)
+        self._metrics.trials_running.set(len(self._live))
+        seconds = time.monotonic() - started
+        self._metrics.phase_seconds.labels("setup").observe(seconds)
+        agent_timeout = task.config.agent.timeout_sec
+        return SetupOutput(
+            sandbox_id=sandbox.id,
+            host_queue=self._host_queue,
+            attempt_uri=self._store_uri(TrialKeys(inp.batch_id, inp.trial_id, inp.attempt).root),
+            agent_timeout_s=agent_timeout if agent_timeout is not None else 3600.0,
+            verifier_timeout_s=task.config.verifier.timeout_sec,
+            seconds=seconds,
+        )
+
+    @activity.defn(name="trial.teardown")
+    async def teardown(self, inp: TeardownInput) -> TeardownOutput:
+        """Idempotent: an absent sandbox is already torn down."""
+        started = time.monotonic()
+        with typed_errors():
+            try:
+                sandbox = await self._backend.attach(inp.sandbox_id)
+            except SandboxLost:
+                return TeardownOutput(seconds=time.monotonic() - started)
+            await sandbox.stop()
+        self._live.discard(sandbox.id)
+        self._metrics.trials_running.set(len(self._live))
+        seconds = time.monotonic() - started
+        self._metrics.phase_seconds.labels("teardown").observe(seconds)
+        return TeardownOutput(seconds=seconds)

@@ -1,0 +1,208 @@
+"""Scaffold activity: run the agent in its sandbox, pointed at this worker's proxy.
+
+Per attempt: open a proxy session whose checkpoint sink writes every turn to
+`TrialKeys.checkpoints` in the store, run the scaffold under the agent timeout, close the
+session, write `TrialKeys.trajectory` and the scaffold logs, return counters. Scaffolds
+that need no model (oracle, nop) get no session and no trajectory.
+
+Outcomes vs failures:
+- agent timeout       -> outcome "timeout" (the workflow verifies anyway)
+- non-zero exit       -> outcome "scaffold_error" with `error` set (verified anyway)
+- typed infra errors  -> raised as ApplicationError (retryable or not per trialflow.errors);
+  the workflow starts a new attempt for retryable ones. A scaffold that needs a model on a
+  worker without one raises non-retryable `ModelNotConfigured`.
+While running, the activity heartbeats its live counters (`ScaffoldHeartbeat`) and signals
+them to the workflow (`report_progress`) when they change, feeding the workflow's
+`progress` query. A worker killed mid-run leaves the per-turn checkpoints in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from activities._support import heartbeat_interval, typed_errors
+from proxy.trajectory import Trajectory
+from trialflow.metrics import TrialMetrics
+from trialflow.sandbox.base import SandboxBackend
+from trialflow.scaffolds import ScaffoldContext, ScaffoldResult, get_scaffold
+from trialflow.storage import ResultStore, StoreCheckpointSink, TrialKeys
+from trialflow.tasks import load_task
+from workflows.shared import ScaffoldHeartbeat, ScaffoldInput, ScaffoldOutput, Termination, TrialError
+
+if TYPE_CHECKING:  # the proxy stack is optional: model-free workers never load it
+    from proxy.server import ProxyServer
+
+log = logging.getLogger(__name__)
+
+PROGRESS_SIGNAL = "report_progress"
+
+
+class ScaffoldActivities:
+    """`proxy` None: this worker has no model; only `needs_model=False` scaffolds run.
+    `client` (optional) signals live progress to the workflow."""
+
+    def __init__(
+        self,
+        proxy: ProxyServer | None,
+        backend: SandboxBackend,
+        store: ResultStore,
+        metrics: TrialMetrics,
+        client: Client | None = None,
+        default_model: str | None = None,
+    ) -> None:
+        self._proxy = proxy
+        self._backend = backend
+        self._store = store
+        self._metrics = metrics
+        self._client = client
+        self._default_model = default_model
+
+    @activity.defn(name="trial.run_scaffold")
+    async def run_scaffold(self, inp: ScaffoldInput) -> ScaffoldOutput:
+        started = time.monotonic()
+        keys = TrialKeys(inp.batch_id, inp.trial_id, inp.attempt)
+        with typed_errors(), tempfile.TemporaryDirectory(prefix="tf-scaffold-") as tmp:
+            task = load_task(inp.task_path)
+            scaffold = get_scaffold(inp.scaffold)
+            sandbox = await self._backend.attach(inp.sandbox_id)
+            model = inp.model or self._default_model
+            session = self._open_session(inp, keys, model) if scaffold.needs_model else None
+            ctx = ScaffoldContext(
+                sandbox=sandbox,
+                task=task,
+                anthropic_base_url=session.anthropic_base_url if session else None,
+                openai_base_url=session.openai_base_url if session else None,
+                model=model if session else None,
+                timeout_s=inp.agent_timeout_s,
+                log_dir=Path(tmp),
+            )
+            beats = asyncio.create_task(self._beat(inp, session.session_id if session else None))
+            trajectory: Trajectory | None = None
+            try:
+                outcome = await scaffold.run(ctx)
+            finally:
+                beats.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beats
+                if session is not None:
+                    assert self._proxy is not None
+                    trajectory = await self._proxy.close_session(session.session_id)
+            trajectory_uri = None
+            if trajectory is not None:
+                trajectory_uri = await asyncio.to_thread(
+                    self._store.put_bytes, keys.trajectory, trajectory.to_bytes()
+                )
+                for turn in trajectory.turns:
+                    self._metrics.proxy_turn_seconds.observe(turn.latency_s)
+            logs_uri = await self._store_logs(keys, outcome, Path(tmp))
+        seconds = time.monotonic() - started
+        self._metrics.phase_seconds.labels("scaffold").observe(seconds)
+        overlong = trajectory is not None and trajectory.counters.overlong > 0
+        termination, error = outcome_of(outcome, inp.attempt, overlong)
+        counts = token_counts(trajectory)
+        return ScaffoldOutput(
+            termination_reason=termination,
+            turns=trajectory.counters.turns if trajectory else 0,
+            tool_calls=trajectory.counters.tool_calls if trajectory else 0,
+            prompt_tokens=counts[0],
+            response_tokens=counts[1],
+            trajectory_uri=trajectory_uri,
+            logs_uri=logs_uri,
+            error=error,
+            seconds=seconds,
+        )
+
+    def _open_session(self, inp: ScaffoldInput, keys: TrialKeys, model: str | None):
+        if self._proxy is None:
+            raise ApplicationError(
+                f"scaffold {inp.scaffold} needs a model but this worker has no proxy "
+                "(configure replica URLs and a model dir)",
+                type="ModelNotConfigured",
+                non_retryable=True,
+            )
+        from proxy.session import SessionConfig
+
+        config = SessionConfig(
+            model=model,
+            sampling=inp.sampling,
+            replicas=inp.replicas,
+            checkpoint_sink=StoreCheckpointSink(self._store, keys.checkpoints),
+            metadata={"trial_id": inp.trial_id, "attempt": inp.attempt},
+        )
+        return self._proxy.open_session(config)
+
+    async def _store_logs(self, keys: TrialKeys, outcome: ScaffoldResult, log_dir: Path) -> str:
+        uri = await asyncio.to_thread(self._store.put_bytes, keys.log("scaffold.log"), outcome.log.encode())
+        for path in sorted(p for p in log_dir.rglob("*") if p.is_file()):
+            name = f"scaffold/{path.relative_to(log_dir)}"
+            await asyncio.to_thread(self._store.put_bytes, keys.log(name), path.read_bytes())
+        return uri
+
+    async def _beat(self, inp: ScaffoldInput, session_id: str | None) -> None:
+        """Heartbeat the live counters; signal them to the workflow when they change."""
+        last: ScaffoldHeartbeat | None = None
+        interval = heartbeat_interval()
+        info = activity.info()
+        while True:
+            beat = ScaffoldHeartbeat(attempt=inp.attempt)
+            if session_id is not None and self._proxy is not None:
+                beat = beat.model_copy(update=live_counts(self._proxy.session_stats(session_id)))
+            activity.heartbeat(beat)
+            if self._client is not None and beat != last:
+                try:
+                    handle = self._client.get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+                    await handle.signal(PROGRESS_SIGNAL, beat)
+                    last = beat
+                except Exception as err:  # progress is advisory: never fail the trial for it
+                    log.warning("progress signal for %s failed: %s", info.workflow_id, err)
+            await asyncio.sleep(interval)
+
+
+def live_counts(stats: dict[str, Any]) -> dict[str, int]:
+    """Heartbeat fields from the proxy's live session stats."""
+    return {
+        "turns": int(stats.get("turns", 0)),
+        "prompt_tokens": int(stats.get("prompt_tokens", 0)),
+        "response_tokens": int(stats.get("response_tokens", 0)),
+    }
+
+
+def token_counts(trajectory: Trajectory | None) -> tuple[int, int]:
+    """(prompt tokens, model-generated tokens) of a trajectory, over all its segments."""
+    if trajectory is None:
+        return 0, 0
+    prompt = sum(len(seg.prompt_ids) for seg in trajectory.segments)
+    response = sum(turn.completion_tokens for turn in trajectory.turns)
+    return prompt, response
+
+
+def outcome_of(
+    outcome: ScaffoldResult, attempt: int, overlong: bool = False
+) -> tuple[Termination, TrialError | None]:
+    """Map a ScaffoldResult onto the trial's termination reason and error data.
+
+    A timeout wins over everything; a run whose conversation outgrew the context (the
+    proxy refused a turn) is "overlong" whatever the agent's exit code."""
+    if outcome.timed_out:
+        return "timeout", None
+    if overlong:
+        return "overlong", None
+    if outcome.exit_code != 0:
+        tail = outcome.stderr.strip().splitlines()[-3:]
+        return "scaffold_error", TrialError(
+            type="ScaffoldExit",
+            message=f"scaffold exited with code {outcome.exit_code}" + (f": {' | '.join(tail)}" if tail else ""),
+            phase="scaffold",
+            attempt=attempt,
+        )
+    return "submitted", None

@@ -1,0 +1,63 @@
+"""Verification activity: run the task's verifier in the sandbox, return the rewards.
+
+A verifier timeout or a missing/unparseable reward is an OUTCOME of the trial
+(`reward_valid=False`, `reward_error` names the `VerifierError` type and message), not an
+activity failure: retrying would not change it. A lost sandbox (`SandboxLost`) or other
+infrastructure failure raises, and Temporal retries per the workflow's policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from temporalio import activity
+
+from activities._support import heartbeat_interval, heartbeating, typed_errors
+from trialflow.metrics import TrialMetrics
+from trialflow.sandbox.base import SandboxBackend
+from trialflow.storage import ResultStore, TrialKeys
+from trialflow.tasks import load_task
+from trialflow.verifier import VerifierResult, run_verifier
+from workflows.shared import VerifyInput, VerifyOutput
+
+
+class VerifyActivities:
+    def __init__(self, backend: SandboxBackend, store: ResultStore, metrics: TrialMetrics) -> None:
+        self._backend = backend
+        self._store = store
+        self._metrics = metrics
+
+    @activity.defn(name="trial.verify")
+    async def verify(self, inp: VerifyInput) -> VerifyOutput:
+        started = time.monotonic()
+        with typed_errors():
+            task = load_task(inp.task_path)
+            sandbox = await self._backend.attach(inp.sandbox_id)
+            async with heartbeating(interval_s=heartbeat_interval()):
+                with tempfile.TemporaryDirectory(prefix="tf-verify-") as tmp:
+                    result = await run_verifier(
+                        sandbox, task, timeout_s=inp.verifier_timeout_s, log_dir=Path(tmp)
+                    )
+                    await self._store_logs(inp, Path(tmp), result)
+        seconds = time.monotonic() - started
+        self._metrics.phase_seconds.labels("verify").observe(seconds)
+        problem = result.error()
+        return VerifyOutput(
+            rewards=dict(result.rewards),
+            reward=result.reward if problem is None else 0.0,
+            reward_valid=problem is None,
+            reward_error=f"{type(problem).__name__}: {problem}" if problem is not None else None,
+            seconds=seconds,
+        )
+
+    async def _store_logs(self, inp: VerifyInput, log_dir: Path, result: VerifierResult) -> None:
+        """Verifier output next to the attempt: stdout/stderr and whatever /logs/verifier held."""
+        keys = TrialKeys(inp.batch_id, inp.trial_id, inp.attempt)
+        objects = {"verifier/stdout.txt": result.stdout.encode(), "verifier/stderr.txt": result.stderr.encode()}
+        for path in sorted(p for p in log_dir.rglob("*") if p.is_file()):
+            objects[f"verifier/files/{path.relative_to(log_dir)}"] = path.read_bytes()
+        for name, data in objects.items():
+            await asyncio.to_thread(self._store.put_bytes, keys.log(name), data)

@@ -1,0 +1,231 @@
+"""TrialWorkflow's orchestration rules on a REAL Temporal dev server.
+
+The activities here are small fakes registered under the real activity names (the
+workflow's behaviour on lost hosts, typed errors, timeouts and cancellation is what is
+under test; the real activities are exercised end to end in tests/activities/ and
+tests/test_worker_crash.py). Also: re-submission does not duplicate, the `progress`
+query, and a Replayer run over a history recorded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Replayer, Worker
+
+from trialflow import batch
+from workflows.shared import (
+    ScaffoldHeartbeat,
+    ScaffoldInput,
+    ScaffoldOutput,
+    SetupInput,
+    SetupOutput,
+    StoreResultInput,
+    StoreResultOutput,
+    TeardownInput,
+    TeardownOutput,
+    TrialSpec,
+    VerifyInput,
+    VerifyOutput,
+)
+from workflows.trial import TrialWorkflow
+
+pytestmark = pytest.mark.temporal
+
+DEAD_QUEUE = "trialflow-host-nobody-polls"
+
+
+@dataclass
+class FakeTrial:
+    """Records calls; `setup_queues` is popped per set-up (a dead queue simulates a lost host)."""
+
+    live_queue: str
+    setup_queues: list[str] = field(default_factory=list)
+    setup_error: ApplicationError | None = None
+    scaffold_termination: str = "submitted"
+    scaffold_delay_s: float = 0.0
+    calls: list[tuple[str, str, int]] = field(default_factory=list)  # (activity, queue, attempt)
+    stored: list[StoreResultInput] = field(default_factory=list)
+
+    def _note(self, name: str, attempt: int) -> None:
+        self.calls.append((name, activity.info().task_queue, attempt))
+
+    @activity.defn(name="trial.setup")
+    async def setup(self, inp: SetupInput) -> SetupOutput:
+        self._note("setup", inp.attempt)
+        if self.setup_error is not None:
+            raise self.setup_error
+        queue = self.setup_queues.pop(0) if self.setup_queues else self.live_queue
+        return SetupOutput(
+            sandbox_id=f"sb-{inp.attempt}",
+            host_queue=queue,
+            attempt_uri=f"file:///store/{inp.trial_id}/attempt-{inp.attempt}",
+            agent_timeout_s=30,
+            verifier_timeout_s=30,
+            seconds=0.01,
+        )
+
+    @activity.defn(name="trial.run_scaffold")
+    async def run_scaffold(self, inp: ScaffoldInput) -> ScaffoldOutput:
+        self._note("scaffold", inp.attempt)
+        deadline = asyncio.get_running_loop().time() + self.scaffold_delay_s
+        while asyncio.get_running_loop().time() < deadline:
+            activity.heartbeat(ScaffoldHeartbeat(attempt=inp.attempt, turns=1))
+            await asyncio.sleep(0.2)
+        return ScaffoldOutput(
+            termination_reason=self.scaffold_termination,
+            turns=3,
+            tool_calls=2,
+            prompt_tokens=100,
+            response_tokens=40,
+            trajectory_uri=f"file:///store/{inp.trial_id}/attempt-{inp.attempt}/trajectory.npz",
+        )
+
+    @activity.defn(name="trial.verify")
+    async def verify(self, inp: VerifyInput) -> VerifyOutput:
+        self._note("verify", inp.attempt)
+        return VerifyOutput(rewards={"reward": 1.0}, reward=1.0, reward_valid=True)
+
+    @activity.defn(name="trial.teardown")
+    async def teardown(self, inp: TeardownInput) -> TeardownOutput:
+        self._note("teardown", inp.attempt)
+        return TeardownOutput()
+
+    @activity.defn(name="trial.store_result")
+    async def store_result(self, inp: StoreResultInput) -> StoreResultOutput:
+        self.stored.append(inp)
+        return StoreResultOutput(result_uri=f"file:///store/{inp.result.trial_id}/result.json")
+
+
+@pytest.fixture
+async def client(temporal_address: str) -> Client:
+    return await batch.connect(temporal_address)
+
+
+@pytest.fixture
+async def harness(client: Client) -> AsyncIterator[tuple[FakeTrial, str]]:
+    """Workers for a fresh shared queue and a fresh live host queue."""
+    suffix = uuid.uuid4().hex[:8]
+    shared, live = f"test-shared-{suffix}", f"test-host-{suffix}"
+    fake = FakeTrial(live_queue=live)
+    acts = [fake.setup, fake.run_scaffold, fake.verify, fake.teardown, fake.store_result]
+    async with (
+        Worker(client, task_queue=shared, workflows=[TrialWorkflow], activities=acts),
+        Worker(client, task_queue=live, activities=acts),
+    ):
+        yield fake, shared
+
+
+def _spec(**kw) -> TrialSpec:
+    fields = dict(
+        batch_id=f"b{uuid.uuid4().hex[:6]}",
+        task_path="/tasks/hello",
+        task_name="hello",
+        scaffold="oracle",
+        heartbeat_timeout_s=2,
+        host_schedule_timeout_s=2,
+    )
+    return TrialSpec(**(fields | kw))
+
+
+async def test_success_runs_every_phase_on_the_right_queue(client, harness):
+    fake, shared = harness
+    [result] = await batch.run(client, [_spec()], task_queue=shared)
+    assert result.error is None and result.termination_reason == "submitted"
+    assert result.reward == 1.0 and result.reward_valid and result.turns == 3
+    assert [(n, q == shared) for n, q, _ in fake.calls] == [
+        ("setup", True), ("scaffold", False), ("verify", False), ("teardown", False),
+    ]  # fmt: skip
+    assert set(result.timings) == {"setup", "scaffold", "verify", "teardown"}
+    assert result.trajectory_uris == [f"file:///store/{result.trial_id}/attempt-1/trajectory.npz"]
+    assert result.result_uri and fake.stored[0].result.trial_id == result.trial_id
+
+
+async def test_lost_host_starts_a_new_attempt_and_lists_both(client, harness):
+    fake, shared = harness
+    fake.setup_queues = [DEAD_QUEUE]  # attempt 1's worker never answers
+    [result] = await batch.run(client, [_spec()], task_queue=shared)
+    assert result.error is None and result.attempts == 2 and result.reward == 1.0
+    # The lost attempt keeps its checkpoint prefix, the second its final trajectory.
+    assert result.trajectory_uris == [
+        f"file:///store/{result.trial_id}/attempt-1/checkpoints/",
+        f"file:///store/{result.trial_id}/attempt-2/trajectory.npz",
+    ]
+    # Attempt 1's teardown fell back to the shared queue.
+    assert ("teardown", shared, 1) in fake.calls
+
+
+async def test_every_attempt_lost_is_an_infra_error(client, harness):
+    fake, shared = harness
+    fake.setup_queues = [DEAD_QUEUE, DEAD_QUEUE]
+    [result] = await batch.run(client, [_spec(attempt_limit=2)], task_queue=shared)
+    assert result.termination_reason == "infra_error" and result.attempts == 2
+    assert result.error is not None and result.error.type == "ActivityTimeout.SCHEDULE_TO_START"
+    assert len(result.trajectory_uris) == 2
+
+
+async def test_non_retryable_setup_error_fails_fast_with_error_recorded(client, harness):
+    fake, shared = harness
+    fake.setup_error = ApplicationError("Dockerfile broke", type="ImageBuildFailed", non_retryable=True)
+    [result] = await batch.run(client, [_spec()], task_queue=shared)
+    assert [c[0] for c in fake.calls] == ["setup"]  # no retry, no other phase
+    assert result.termination_reason == "verifier_error"
+    assert result.error is not None
+    assert (result.error.type, result.error.phase, result.error.non_retryable) == ("ImageBuildFailed", "setup", True)
+    assert fake.stored[0].result.error == result.error  # stored as data too
+
+
+async def test_agent_timeout_is_an_outcome_and_still_verified(client, harness):
+    fake, shared = harness
+    fake.scaffold_termination = "timeout"
+    [result] = await batch.run(client, [_spec()], task_queue=shared)
+    assert result.termination_reason == "timeout" and result.error is None
+    assert "verify" in [c[0] for c in fake.calls] and result.reward_valid
+
+
+async def test_cancel_tears_down_and_completes_cancelled(client, harness):
+    fake, shared = harness
+    fake.scaffold_delay_s = 30
+    spec = _spec()
+    [handle] = await batch.submit(client, [spec], task_queue=shared)
+    for _ in range(100):
+        if any(c[0] == "scaffold" for c in fake.calls):
+            break
+        await asyncio.sleep(0.1)
+    progress = await handle.query(TrialWorkflow.progress)
+    assert progress.phase == "scaffold" and progress.attempt == 1
+    await handle.cancel()
+    result = await batch.wait_one(handle, spec)
+    assert result.termination_reason == "cancelled"
+    assert ("teardown", fake.live_queue, 1) in fake.calls
+
+
+async def test_resubmitting_a_batch_attaches_instead_of_duplicating(client, harness):
+    fake, shared = harness
+    spec = _spec()
+    [first] = await batch.run(client, [spec], task_queue=shared)
+    [second] = await batch.run(client, [spec], task_queue=shared)
+    assert first == second
+    assert [c[0] for c in fake.calls].count("setup") == 1
+    runs = [wf async for wf in client.list_workflows(f'WorkflowId = "{spec.trial_id}"')]
+    assert len(runs) == 1 and runs[0].status == WorkflowExecutionStatus.COMPLETED
+
+
+async def test_replayer_accepts_a_recorded_history(client, harness):
+    """Determinism guard: a history recorded now must replay against the current code."""
+    fake, shared = harness
+    fake.setup_queues = [DEAD_QUEUE]  # record the richer, two-attempt history
+    spec = _spec()
+    await batch.run(client, [spec], task_queue=shared)
+    history = await client.get_workflow_handle(spec.trial_id).fetch_history()
+    replayed = await Replayer(workflows=[TrialWorkflow], data_converter=client.data_converter).replay_workflow(
+        history
+    )
+    assert replayed.replay_failure is None

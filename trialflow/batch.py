@@ -1,0 +1,251 @@
+"""Submit a batch of trials and wait for it: the client side of TrialWorkflow.
+
+Used by the CLI and by the verl agent loop. All functions take a connected Temporal
+`Client` (see `connect`, which installs the pydantic data converter the workflow needs).
+
+Idempotence: workflow ids are deterministic (`TrialSpec.trial_id`); `submit` starts with
+``id_conflict_policy=USE_EXISTING`` (a running trial is attached to) and
+``id_reuse_policy=REJECT_DUPLICATE`` (a finished trial is attached to as well, its stored
+result is what `wait` returns). Re-submitting a batch therefore never duplicates trials.
+
+Failures as data: `wait` always yields a `TrialResult`. A workflow that failed or was
+cancelled or terminated outside the workflow's own handling (should be rare: the workflow
+returns errors as data) becomes a result with termination "infra_error"/"cancelled" and
+`error` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from workflows.shared import (
+    SA_BATCH,
+    SA_SCAFFOLD,
+    SA_STEP,
+    SA_TASK,
+    SHARED_QUEUE,
+    WORKFLOW_NAME,
+    TrialError,
+    TrialResult,
+    TrialSpec,
+)
+
+ResultCallback = Callable[[TrialResult], Awaitable[None] | None]
+
+
+async def connect(address: str, namespace: str = "default") -> Client:
+    """A client with the pydantic data converter (TrialSpec/TrialResult are pydantic)."""
+    return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+
+
+def make_specs(
+    batch_id: str,
+    task_paths: Iterable[str | Path],
+    scaffold: str,
+    *,
+    samples: int = 1,
+    **spec_fields: Any,
+) -> list[TrialSpec]:
+    """`samples` trials per task (sample_index 0..samples-1), in task order.
+
+    The task name is the task directory's name (what `trialflow.tasks.Task.name` is).
+    `spec_fields` go to every TrialSpec (attempt_limit, agent_timeout_s, model, ...).
+    """
+    specs = []
+    for path in task_paths:
+        resolved = Path(path).resolve()
+        for i in range(samples):
+            specs.append(
+                TrialSpec(
+                    batch_id=batch_id,
+                    task_path=str(resolved),
+                    task_name=resolved.name,
+                    scaffold=scaffold,
+                    sample_index=i,
+                    **spec_fields,
+                )
+            )
+    return specs
+
+
+def search_attributes(spec: TrialSpec) -> TypedSearchAttributes:
+    pairs = [
+        SearchAttributePair(SearchAttributeKey.for_keyword(SA_BATCH), spec.batch_id),
+        SearchAttributePair(SearchAttributeKey.for_keyword(SA_TASK), spec.task_name),
+        SearchAttributePair(SearchAttributeKey.for_keyword(SA_SCAFFOLD), spec.scaffold),
+    ]
+    if spec.step is not None:
+        pairs.append(SearchAttributePair(SearchAttributeKey.for_int(SA_STEP), spec.step))
+    return TypedSearchAttributes(pairs)
+
+
+async def submit_one(client: Client, spec: TrialSpec, task_queue: str = SHARED_QUEUE) -> WorkflowHandle:
+    """Start the trial, or attach to the run that already has its id."""
+    try:
+        return await client.start_workflow(
+            WORKFLOW_NAME,
+            spec,
+            id=spec.trial_id,
+            task_queue=task_queue,
+            result_type=TrialResult,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=search_attributes(spec),
+            memo={"spec": spec.model_dump(mode="json"), "replay_of": spec.replay_of or ""},
+            static_summary=f"{spec.scaffold} on {spec.task_name} #{spec.sample_index}",
+        )
+    except WorkflowAlreadyStartedError:
+        # A closed run with this id exists: its result is the trial's result.
+        return client.get_workflow_handle(spec.trial_id, result_type=TrialResult)
+
+
+async def submit(
+    client: Client, specs: Sequence[TrialSpec], task_queue: str = SHARED_QUEUE, concurrency: int = 32
+) -> list[WorkflowHandle]:
+    """Submit every spec (bounded concurrency); handles in spec order."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(spec: TrialSpec) -> WorkflowHandle:
+        async with gate:
+            return await submit_one(client, spec, task_queue)
+
+    return list(await asyncio.gather(*(one(s) for s in specs)))
+
+
+def _failed_result(spec: TrialSpec, err: BaseException) -> TrialResult:
+    cause = getattr(err, "cause", None) or err
+    cancelled = type(cause).__name__ in {"CancelledError", "TerminatedError"}
+    return TrialResult(
+        trial_id=spec.trial_id,
+        batch_id=spec.batch_id,
+        task_name=spec.task_name,
+        scaffold=spec.scaffold,
+        sample_index=spec.sample_index,
+        termination_reason="cancelled" if cancelled else "infra_error",
+        error=TrialError(type=type(cause).__name__, message=str(cause), phase="pending"),
+    )
+
+
+async def wait_one(handle: WorkflowHandle, spec: TrialSpec) -> TrialResult:
+    try:
+        return await handle.result()
+    except WorkflowFailureError as err:
+        return _failed_result(spec, err)
+
+
+async def wait(
+    handles: Sequence[WorkflowHandle],
+    specs: Sequence[TrialSpec],
+    on_result: ResultCallback | None = None,
+) -> list[TrialResult]:
+    """Wait for every trial; `on_result` is called as each finishes. Results in spec order."""
+    results: list[TrialResult | None] = [None] * len(specs)
+
+    async def one(i: int) -> None:
+        result = await wait_one(handles[i], specs[i])
+        results[i] = result
+        if on_result is not None:
+            maybe = on_result(result)
+            if asyncio.iscoroutine(maybe):
+                await maybe
+
+    await asyncio.gather(*(one(i) for i in range(len(specs))))
+    return [r for r in results if r is not None]
+
+
+async def run(
+    client: Client,
+    specs: Sequence[TrialSpec],
+    on_result: ResultCallback | None = None,
+    task_queue: str = SHARED_QUEUE,
+) -> list[TrialResult]:
+    """Submit and wait: the one call most callers want."""
+    handles = await submit(client, specs, task_queue)
+    return await wait(handles, specs, on_result)
+
+
+@dataclass(frozen=True)
+class TrialStatus:
+    """One trial of a batch as the visibility store sees it (no result fetch)."""
+
+    workflow_id: str
+    status: str
+    task: str | None
+    reward: float | None
+    termination: str | None
+    replay_of: str | None
+
+
+async def list_trials(client: Client, batch_id: str) -> list[TrialStatus]:
+    """Every trial workflow (replays included) with TrialBatchId = batch_id, by id.
+
+    Visibility is eventually consistent: a trial started a moment ago may be missing.
+    """
+    out = []
+    query = f'{SA_BATCH} = "{batch_id}"'
+    async for wf in client.list_workflows(query=query):
+        sa = wf.typed_search_attributes
+        memo = await wf.memo()
+        out.append(
+            TrialStatus(
+                workflow_id=wf.id,
+                status=wf.status.name if wf.status else "UNKNOWN",
+                task=sa.get(SearchAttributeKey.for_keyword(SA_TASK)),
+                reward=sa.get(SearchAttributeKey.for_float("TrialReward")),
+                termination=sa.get(SearchAttributeKey.for_keyword("TrialTermination")),
+                replay_of=memo.get("replay_of") or None,
+            )
+        )
+    return sorted(out, key=lambda t: t.workflow_id)
+
+
+async def spec_of(client: Client, workflow_id: str) -> TrialSpec:
+    """The inputs a trial was started with (from its memo)."""
+    desc = await client.get_workflow_handle(workflow_id).describe()
+    return TrialSpec.model_validate((await desc.memo())["spec"])
+
+
+async def replay_failed(client: Client, batch_id: str) -> list[TrialSpec]:
+    """Specs that re-run each failed trial of the batch with the same inputs.
+
+    A trial counts as failed when it closed with an error in its result, or when its
+    workflow itself did not complete. Trials already replayed successfully are skipped;
+    the new spec's replay number follows the highest existing replay of that trial.
+    """
+    trials = await list_trials(client, batch_id)
+    by_original: dict[str, list[TrialStatus]] = {}
+    for t in trials:
+        by_original.setdefault(t.replay_of or t.workflow_id, []).append(t)
+    specs = []
+    for original, runs in sorted(by_original.items()):
+        if any(r.status == "RUNNING" for r in runs):
+            continue
+        latest = max(runs, key=lambda r: (r.workflow_id != original, r.workflow_id))
+        if not await _failed(client, latest):
+            continue
+        spec = await spec_of(client, original)
+        replays = [r for r in runs if r.workflow_id != original]
+        specs.append(spec.model_copy(update={"replay_of": original, "replay": len(replays) + 1}))
+    return specs
+
+
+async def _failed(client: Client, trial: TrialStatus) -> bool:
+    if trial.status != WorkflowExecutionStatus.COMPLETED.name:
+        return True
+    result = await client.get_workflow_handle(trial.workflow_id, result_type=TrialResult).result()
+    return result.failed

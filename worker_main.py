@@ -1,0 +1,179 @@
+"""One trialflow worker process: Temporal worker + in-process proxy + sandbox backend.
+
+Wiring only. Two Temporal workers share one client:
+- the shared queue (`SHARED_QUEUE`): TrialWorkflow, sandbox set-up, result storage and the
+  teardown fallback;
+- this process's host queue (`host_queue(hostname, worker_id)`): scaffold, verify and
+  teardown of the sandboxes this process created.
+
+SIGTERM/SIGINT drain: both workers stop polling, running activities get
+`drain_grace_s` to finish (then they are cancelled), then the proxy and backend close.
+
+Run: ``python worker_main.py [--flag value ...]`` with one flag per `TrialflowSettings`
+field (``--temporal-address``, ``--replica-urls URL`` repeatable, ...); flags override
+``TRIALFLOW_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import typing
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import docker
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.sandbox import SandboxActivities
+from activities.scaffold import ScaffoldActivities
+from activities.store import StoreActivities
+from activities.verify import VerifyActivities
+from trialflow.batch import connect
+from trialflow.metrics import TrialMetrics
+from trialflow.sandbox import DockerBackend
+from trialflow.settings import TrialflowSettings, load_settings
+from trialflow.storage import LocalStore, ResultStore, S3Store
+from workflows.shared import SHARED_QUEUE, host_queue
+from workflows.trial import TrialWorkflow
+
+if TYPE_CHECKING:
+    from proxy.server import ProxyServer
+
+log = logging.getLogger("trialflow.worker")
+
+REAP_INTERVAL_S = 600.0
+
+
+@dataclass
+class WorkerProcess:
+    """Everything one worker process runs; `run()` until `stop` is set."""
+
+    settings: TrialflowSettings
+    client: Client
+    proxy: ProxyServer | None
+    backend: DockerBackend
+    metrics: TrialMetrics
+    host_queue: str
+    workers: list[Worker]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        tasks = [asyncio.create_task(w.run()) for w in self.workers]
+        reaper = asyncio.create_task(self._reap_forever())
+        log.info("worker polling %s and %s", SHARED_QUEUE, self.host_queue)
+        try:
+            stopped = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopped:
+                    task.result()  # a worker died: surface its error
+        finally:
+            log.info("draining (grace %.0fs)", self.settings.drain_grace_s)
+            reaper.cancel()
+            await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.proxy is not None:
+                await self.proxy.stop()
+            self.backend.close()
+
+    async def _reap_forever(self) -> None:
+        while True:
+            report = await self.backend.reap(self.settings.reap_after_s)
+            if report.removed:
+                log.warning("reaped leaked sandboxes: %s", report.removed)
+            await asyncio.sleep(REAP_INTERVAL_S)
+
+
+def open_store(settings: TrialflowSettings) -> ResultStore:
+    """S3 when an endpoint is configured, else the local directory store."""
+    if settings.s3_endpoint:
+        return S3Store(settings.s3_endpoint, settings.s3_bucket, settings.s3_prefix, create_bucket=True)
+    return LocalStore(settings.store_dir)
+
+
+def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
+    """The in-process proxy; None without a model dir (model-free scaffolds only)."""
+    if settings.model_dir is None:
+        return None
+    from proxy.server import ProxyServer
+
+    return ProxyServer(
+        model_dir=settings.model_dir,
+        host=settings.proxy_host,
+        port=settings.proxy_port,
+        replicas=settings.replica_urls,
+    )
+
+
+async def build(settings: TrialflowSettings, client: Client | None = None) -> WorkerProcess:
+    """Connect, start the proxy, create the activity objects and the two workers."""
+    client = client or await connect(settings.temporal_address, settings.temporal_namespace)
+    worker_id = settings.worker_id or str(os.getpid())
+    queue = host_queue(socket.gethostname(), worker_id)
+    metrics = TrialMetrics()
+    store = open_store(settings)
+    backend = DockerBackend(docker.from_env(), labels={"trialflow.worker": queue})
+    proxy = open_proxy(settings)
+    if proxy is not None:
+        await proxy.start()
+    sandbox = SandboxActivities(backend, store.uri, queue, metrics)
+    scaffold = ScaffoldActivities(proxy, backend, store, metrics, client, settings.model_name)
+    verify = VerifyActivities(backend, store, metrics)
+    results = StoreActivities(store, metrics)
+    grace = timedelta(seconds=settings.drain_grace_s)
+    n = settings.max_concurrent_trials
+    shared = Worker(
+        client,
+        task_queue=SHARED_QUEUE,
+        workflows=[TrialWorkflow],
+        activities=[sandbox.setup, sandbox.teardown, results.store_result],
+        max_concurrent_activities=n,
+        graceful_shutdown_timeout=grace,
+    )
+    # Verify and teardown must never wait behind running scaffolds: 2 slots per trial.
+    host = Worker(
+        client,
+        task_queue=queue,
+        activities=[scaffold.run_scaffold, verify.verify, sandbox.teardown],
+        max_concurrent_activities=2 * n,
+        graceful_shutdown_timeout=grace,
+    )
+    metrics.serve(settings.metrics_port)
+    return WorkerProcess(settings, client, proxy, backend, metrics, queue, [shared, host])
+
+
+async def serve(settings: TrialflowSettings) -> None:
+    """Run until SIGTERM/SIGINT, then drain."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    process = await build(settings)
+    await process.run(stop)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrialflowSettings:
+    """One flag per settings field; list fields are repeatable flags."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, field in TrialflowSettings.model_fields.items():
+        is_list = typing.get_origin(field.annotation) is list
+        parser.add_argument(
+            "--" + name.replace("_", "-"), dest=name, action="append" if is_list else "store"
+        )
+    return load_settings(**vars(parser.parse_args(argv)))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""Types and names shared by the trial workflow, its activities, the worker and clients.
+
+Side-effect free: no I/O, no clients, nothing started at import. Every workflow and
+activity takes ONE pydantic input object and returns one, so fields can be added
+later without breaking recorded histories (new fields need defaults).
+
+Identity and layout rules (pure functions, used by the workflow AND by clients):
+
+- workflow id: ``trial-{batch_id}-{task_name}-{sample_index}`` (`trial_id`); the n-th replay
+  of a failed trial gets ``{that id}-r{n}`` and names the original in `TrialSpec.replay_of`
+  (also in the workflow memo).
+- shared task queue: `SHARED_QUEUE` (workflows and sandbox set-up: any worker).
+- host task queue: ``trialflow-host-{hostname}-{worker_id}`` (`host_queue`): every activity
+  that touches a sandbox after set-up runs on the worker that owns the sandbox.
+- store layout: `trialflow.storage.TrialKeys` (``batches/{batch}/trials/{trial}/attempt-{n}/``
+  with ``checkpoints/``, ``trajectory.npz``, ``logs/``); the final `TrialResult` of the whole
+  trial is ``batches/{batch}/trials/{trial}/result.json``. The workflow never builds keys:
+  activities return URIs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+SHARED_QUEUE = "trialflow-shared"
+WORKFLOW_NAME = "TrialWorkflow"
+
+Termination = Literal[
+    "submitted",  # the scaffold finished on its own
+    "timeout",  # the task's agent timeout ran out; verified anyway
+    "scaffold_error",  # the scaffold crashed (its own fault, not infrastructure)
+    "infra_error",  # sandbox/proxy/worker failures outlived every retry and attempt
+    "verifier_error",  # the task is broken: bad task dir, image build, verifier crash
+    "overlong",  # the conversation outgrew the model's context
+    "cancelled",  # the workflow was cancelled
+]
+Phase = Literal["pending", "setup", "scaffold", "verify", "teardown", "done"]
+
+# Search attribute names (registered on the server by infra/services.py).
+SA_BATCH = "TrialBatchId"
+SA_TASK = "TrialTask"
+SA_SCAFFOLD = "TrialScaffold"
+SA_REWARD = "TrialReward"
+SA_TERMINATION = "TrialTermination"
+SA_STEP = "TrialStep"
+SEARCH_ATTRIBUTE_TYPES: dict[str, str] = {
+    SA_BATCH: "keyword",
+    SA_TASK: "keyword",
+    SA_SCAFFOLD: "keyword",
+    SA_REWARD: "double",
+    SA_TERMINATION: "keyword",
+    SA_STEP: "int",
+}
+
+_UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def safe_id_part(text: str) -> str:
+    """Make `text` safe inside a workflow id / S3 key: runs of other characters become '_'."""
+    return _UNSAFE_ID_CHARS.sub("_", text).strip("_") or "_"
+
+
+def trial_id(batch_id: str, task_name: str, sample_index: int) -> str:
+    """Deterministic workflow id, so a re-submitted batch attaches to existing trials."""
+    return f"trial-{safe_id_part(batch_id)}-{safe_id_part(task_name)}-{sample_index}"
+
+
+def host_queue(hostname: str, worker_id: str) -> str:
+    """Task queue of one worker process; sandboxes it created are only reachable there."""
+    return f"trialflow-host-{safe_id_part(hostname)}-{safe_id_part(worker_id)}"
+
+
+class TrialSpec(BaseModel):
+    """Everything one trial needs. The workflow input.
+
+    `attempt_limit` bounds how often the workflow starts over with a NEW sandbox after
+    a lost host (each activity also has its own Temporal retry policy). If
+    `agent_timeout_s` is None the task's own agent timeout applies. `replicas` None
+    means the worker's configured replica pool.
+    """
+
+    batch_id: str
+    task_path: str
+    task_name: str
+    scaffold: str
+    sample_index: int = 0
+    attempt_limit: int = 3
+    agent_timeout_s: float | None = None
+    model: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    replicas: list[str] | None = None
+    step: int | None = None  # RL step (verl); becomes the TrialStep search attribute
+    replay_of: str | None = None  # original workflow id when this is a replay
+    replay: int = 0  # n-th replay of that trial (0: the original)
+    # How fast a lost worker is noticed: heartbeat silence, and how long an activity may
+    # wait on a host queue that nobody polls any more.
+    heartbeat_timeout_s: float = 30.0
+    host_schedule_timeout_s: float = 120.0
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def trial_id(self) -> str:
+        """The workflow id; a replay gets its own (``...-r{n}``) so nothing is overwritten."""
+        base = trial_id(self.batch_id, self.task_name, self.sample_index)
+        return f"{base}-r{self.replay}" if self.replay else base
+
+
+class TrialError(BaseModel):
+    """A failure kept as data: error type name (trialflow.errors), message, phase, retryable."""
+
+    type: str
+    message: str
+    phase: Phase
+    non_retryable: bool = False
+    attempt: int = 0
+
+
+class TrialResult(BaseModel):
+    """The small, final record of a trial. Big things live in the store (URIs here)."""
+
+    trial_id: str
+    batch_id: str
+    task_name: str
+    scaffold: str
+    sample_index: int
+    rewards: dict[str, float] = Field(default_factory=dict)
+    reward: float = 0.0
+    reward_valid: bool = False
+    reward_error: str | None = None
+    termination_reason: Termination
+    turns: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    timings: dict[str, float] = Field(default_factory=dict)  # phase -> seconds (summed over attempts)
+    attempts: int = 0
+    trajectory_uris: list[str] = Field(default_factory=list)  # one per attempt, oldest first
+    logs_uri: str | None = None
+    result_uri: str | None = None
+    error: TrialError | None = None
+
+    @property
+    def failed(self) -> bool:
+        """True when the trial ended by an error rather than an agent outcome."""
+        return self.error is not None
+
+
+class TrialProgress(BaseModel):
+    """Live view returned by the workflow's `progress` query."""
+
+    phase: Phase = "pending"
+    attempt: int = 0
+    turns: int = 0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    host_queue: str | None = None
+
+
+# ---- activity inputs / outputs -------------------------------------------------------
+
+
+class SetupInput(BaseModel):
+    batch_id: str
+    trial_id: str
+    attempt: int
+    task_path: str
+    scaffold: str | None = None  # the scaffold may need host mounts in the sandbox
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SetupOutput(BaseModel):
+    """Where the sandbox lives: later activities go to `host_queue`."""
+
+    sandbox_id: str
+    host_queue: str
+    attempt_uri: str  # store URI of ``attempt_key(trial_id, attempt)``
+    agent_timeout_s: float
+    verifier_timeout_s: float
+    seconds: float
+
+
+class ScaffoldInput(BaseModel):
+    batch_id: str
+    trial_id: str
+    attempt: int
+    sandbox_id: str
+    task_path: str
+    scaffold: str
+    agent_timeout_s: float
+    model: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    replicas: list[str] | None = None
+
+
+class ScaffoldOutput(BaseModel):
+    termination_reason: Termination
+    turns: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    trajectory_uri: str | None = None
+    logs_uri: str | None = None
+    error: TrialError | None = None
+    seconds: float = 0.0
+
+
+class ScaffoldHeartbeat(BaseModel):
+    """Heartbeat details of the scaffold activity, also signalled to the workflow."""
+
+    attempt: int
+    turns: int = 0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+
+
+class VerifyInput(BaseModel):
+    batch_id: str
+    trial_id: str
+    attempt: int
+    sandbox_id: str
+    task_path: str
+    verifier_timeout_s: float
+
+
+class VerifyOutput(BaseModel):
+    rewards: dict[str, float] = Field(default_factory=dict)
+    reward: float = 0.0
+    reward_valid: bool = False
+    reward_error: str | None = None
+    seconds: float = 0.0
+
+
+class TeardownInput(BaseModel):
+    batch_id: str
+    trial_id: str
+    attempt: int
+    sandbox_id: str
+
+
+class TeardownOutput(BaseModel):
+    seconds: float = 0.0
+
+
+class StoreResultInput(BaseModel):
+    result: TrialResult
+
+
+class StoreResultOutput(BaseModel):
+    result_uri: str

@@ -1,0 +1,424 @@
+"""TrialWorkflow: one trial = set up a sandbox, run the scaffold, verify, tear down.
+
+Orchestration only; all I/O lives in the activities (activities/). Per attempt:
+
+    setup    (shared queue = the workflow's own task queue, any worker)
+                                         -> sandbox id + the owning worker's host queue
+    scaffold (host queue)                -> agent outcome, trajectory in the store
+    verify   (host queue)                -> rewards
+    teardown (host queue, ALWAYS: in `finally`, shielded from cancellation)
+
+Failure rules:
+- An agent timeout is an outcome (termination "timeout"); the sandbox is verified anyway.
+- A lost host (schedule-to-start / heartbeat / start-to-close timeout of an activity on the
+  host queue) or a retryable scaffold-activity failure ends the attempt; the workflow starts
+  over with a new sandbox, up to `TrialSpec.attempt_limit` attempts. Every attempt's
+  trajectory URI (its final trajectory, or its checkpoint prefix when the worker died) is
+  listed in the result.
+- Set-up and verify failures are retried by their activity retry policies; a typed
+  non-retryable `ApplicationError` (broken task, image that fails to build) ends the trial
+  at once. Either way the error is returned as data (`TrialResult.error`), the workflow
+  itself completes.
+- Cancellation tears the sandbox down and completes with termination "cancelled".
+
+Determinism: change the command sequence only behind ``workflow.patched("<id>")`` (keep the
+old branch until no open history needs it, then ``workflow.deprecate_patch``); the Replayer
+test in tests/workflows/ replays a recorded history against this code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    TimeoutError,
+    TimeoutType,
+)
+
+with workflow.unsafe.imports_passed_through():
+    from activities.sandbox import SandboxActivities
+    from activities.scaffold import ScaffoldActivities
+    from activities.store import StoreActivities
+    from activities.verify import VerifyActivities
+    from workflows.shared import (
+        SA_BATCH,
+        SA_REWARD,
+        SA_SCAFFOLD,
+        SA_STEP,
+        SA_TASK,
+        SA_TERMINATION,
+        WORKFLOW_NAME,
+        Phase,
+        ScaffoldHeartbeat,
+        ScaffoldInput,
+        ScaffoldOutput,
+        SetupInput,
+        SetupOutput,
+        StoreResultInput,
+        TeardownInput,
+        Termination,
+        TrialError,
+        TrialProgress,
+        TrialResult,
+        TrialSpec,
+        VerifyInput,
+        VerifyOutput,
+    )
+
+# Set-up builds images (minutes on a cold cache) and is retried on any worker.
+SETUP_TIMEOUT = timedelta(minutes=20)
+SETUP_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_attempts=3)
+VERIFY_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_attempts=3)
+TEARDOWN_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+STORE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
+# The scaffold cannot resume inside a half-used sandbox: one try per attempt, the
+# workflow starts a new attempt instead.
+SCAFFOLD_RETRY = RetryPolicy(maximum_attempts=1)
+# Backstops beyond the timeouts the activities enforce themselves.
+SCAFFOLD_GRACE = timedelta(minutes=2)
+VERIFY_GRACE = timedelta(minutes=1)
+TEARDOWN_TIMEOUT = timedelta(minutes=2)
+ATTEMPT_BACKOFF = timedelta(seconds=2)
+
+_HOST_LOST = {TimeoutType.SCHEDULE_TO_START, TimeoutType.HEARTBEAT, TimeoutType.START_TO_CLOSE}
+
+
+class _AttemptLost(Exception):
+    """This attempt's sandbox or worker is gone; a new attempt may succeed."""
+
+    def __init__(self, error: TrialError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class _TrialFailed(Exception):
+    """The trial cannot succeed (non-retryable error, or retries exhausted)."""
+
+    def __init__(self, error: TrialError, termination: Termination) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.termination = termination
+
+
+@dataclass
+class _Tally:
+    """What the attempts add up to; folded into the TrialResult at the end."""
+
+    timings: dict[str, float] = field(default_factory=dict)
+    trajectory_uris: list[str] = field(default_factory=list)
+    scaffold: ScaffoldOutput | None = None
+    verify: VerifyOutput | None = None
+    attempts: int = 0
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        self.timings[phase] = round(self.timings.get(phase, 0.0) + seconds, 3)
+
+
+def classify(err: ActivityError, phase: Phase, attempt: int) -> TrialError:
+    """Turn an activity failure into data: the innermost cause's type and message."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return TrialError(
+            type=cause.type or "ApplicationError",
+            message=cause.message,
+            phase=phase,
+            non_retryable=cause.non_retryable,
+            attempt=attempt,
+        )
+    if isinstance(cause, TimeoutError):
+        kind = cause.type.name if cause.type is not None else "UNKNOWN"
+        return TrialError(
+            type=f"ActivityTimeout.{kind}", message=str(cause), phase=phase, attempt=attempt
+        )
+    return TrialError(
+        type=type(cause).__name__ if cause else "ActivityError",
+        message=str(cause or err),
+        phase=phase,
+        attempt=attempt,
+    )
+
+
+def _host_lost(err: ActivityError) -> bool:
+    return isinstance(err.cause, TimeoutError) and err.cause.type in _HOST_LOST
+
+
+@workflow.defn(name=WORKFLOW_NAME)
+class TrialWorkflow:
+    def __init__(self) -> None:
+        self._progress = TrialProgress()
+
+    @workflow.query
+    def progress(self) -> TrialProgress:
+        return self._progress
+
+    @workflow.signal
+    def report_progress(self, beat: ScaffoldHeartbeat) -> None:
+        """Fed by the scaffold activity; beats from an older attempt are ignored."""
+        if beat.attempt == self._progress.attempt and self._progress.phase == "scaffold":
+            self._progress.turns = beat.turns
+            self._progress.prompt_tokens = beat.prompt_tokens
+            self._progress.response_tokens = beat.response_tokens
+
+    @workflow.run
+    async def run(self, spec: TrialSpec) -> TrialResult:
+        self._ensure_start_attributes(spec)
+        tally = _Tally()
+        termination: Termination | None = None
+        error: TrialError | None = None
+        try:
+            for attempt in range(1, spec.attempt_limit + 1):
+                try:
+                    await self._attempt(spec, attempt, tally)
+                    error = None
+                    break
+                except _AttemptLost as lost:
+                    error = lost.error
+                    termination = "infra_error"
+                    if attempt < spec.attempt_limit:
+                        await workflow.sleep(ATTEMPT_BACKOFF)
+                except _TrialFailed as failed:
+                    error, termination = failed.error, failed.termination
+                    break
+        except asyncio.CancelledError:
+            termination = "cancelled"
+            error = TrialError(
+                type="Cancelled",
+                message="trial workflow cancelled",
+                phase=self._progress.phase,
+                attempt=self._progress.attempt,
+            )
+        result = self._result(spec, tally, termination, error)
+        self._progress.phase = "done"
+        stored = await workflow.execute_activity_method(
+            StoreActivities.store_result,
+            StoreResultInput(result=result),
+            task_queue=workflow.info().task_queue,
+            start_to_close_timeout=timedelta(minutes=1),
+            retry_policy=STORE_RETRY,
+        )
+        result.result_uri = stored.result_uri
+        workflow.upsert_search_attributes(
+            [
+                SearchAttributeKey.for_float(SA_REWARD).value_set(result.reward),
+                SearchAttributeKey.for_keyword(SA_TERMINATION).value_set(
+                    result.termination_reason
+                ),
+            ]
+        )
+        return result
+
+    async def _attempt(self, spec: TrialSpec, attempt: int, tally: _Tally) -> None:
+        """One attempt with a fresh sandbox. Raises _AttemptLost or _TrialFailed."""
+        tally.attempts = attempt
+        tally.scaffold = tally.verify = None
+        self._progress = TrialProgress(phase="setup", attempt=attempt)
+        setup = await self._run_phase(
+            "setup",
+            attempt,
+            tally,
+            SandboxActivities.setup,
+            SetupInput(
+                batch_id=spec.batch_id,
+                trial_id=spec.trial_id,
+                attempt=attempt,
+                task_path=spec.task_path,
+                scaffold=spec.scaffold,
+                labels={"trialflow.batch": spec.batch_id},
+            ),
+            task_queue=workflow.info().task_queue,
+            start_to_close_timeout=SETUP_TIMEOUT,
+            heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_s),
+            retry_policy=SETUP_RETRY,
+        )
+        assert isinstance(setup, SetupOutput)
+        self._progress.host_queue = setup.host_queue
+        # Until the scaffold reports, the attempt's checkpoints are all there is.
+        tally.trajectory_uris.append(f"{setup.attempt_uri}/checkpoints/")
+        try:
+            await self._scaffold_and_verify(spec, attempt, tally, setup)
+        finally:
+            self._progress.phase = "teardown"
+            await asyncio.shield(self._teardown(spec, attempt, tally, setup))
+
+    async def _scaffold_and_verify(
+        self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput
+    ) -> None:
+        host = dict(
+            task_queue=setup.host_queue,
+            schedule_to_start_timeout=timedelta(seconds=spec.host_schedule_timeout_s),
+            heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_s),
+        )
+        agent_timeout = spec.agent_timeout_s or setup.agent_timeout_s
+        self._progress.phase = "scaffold"
+        scaffold = await self._run_phase(
+            "scaffold",
+            attempt,
+            tally,
+            ScaffoldActivities.run_scaffold,
+            ScaffoldInput(
+                batch_id=spec.batch_id,
+                trial_id=spec.trial_id,
+                attempt=attempt,
+                sandbox_id=setup.sandbox_id,
+                task_path=spec.task_path,
+                scaffold=spec.scaffold,
+                agent_timeout_s=agent_timeout,
+                model=spec.model,
+                sampling=spec.sampling,
+                replicas=spec.replicas,
+            ),
+            start_to_close_timeout=timedelta(seconds=agent_timeout) + SCAFFOLD_GRACE,
+            retry_policy=SCAFFOLD_RETRY,
+            lose_attempt_on_retryable=True,
+            **host,
+        )
+        assert isinstance(scaffold, ScaffoldOutput)
+        tally.scaffold = scaffold
+        if scaffold.trajectory_uri:
+            tally.trajectory_uris[-1] = scaffold.trajectory_uri
+        self._progress.turns = scaffold.turns
+        self._progress.prompt_tokens = scaffold.prompt_tokens
+        self._progress.response_tokens = scaffold.response_tokens
+        self._progress.phase = "verify"
+        verify = await self._run_phase(
+            "verify",
+            attempt,
+            tally,
+            VerifyActivities.verify,
+            VerifyInput(
+                batch_id=spec.batch_id,
+                trial_id=spec.trial_id,
+                attempt=attempt,
+                sandbox_id=setup.sandbox_id,
+                task_path=spec.task_path,
+                verifier_timeout_s=setup.verifier_timeout_s,
+            ),
+            start_to_close_timeout=timedelta(seconds=setup.verifier_timeout_s) + VERIFY_GRACE,
+            retry_policy=VERIFY_RETRY,
+            **host,
+        )
+        assert isinstance(verify, VerifyOutput)
+        tally.verify = verify
+
+    async def _run_phase(
+        self,
+        phase: Phase,
+        attempt: int,
+        tally: _Tally,
+        activity,
+        arg,
+        *,
+        lose_attempt_on_retryable: bool = False,
+        **options,
+    ):
+        """Run one activity, time it, and map its failure onto the attempt/trial rules."""
+        started = workflow.now()
+        try:
+            return await workflow.execute_activity_method(activity, arg, **options)
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                # The workflow was cancelled while this activity ran (TRY_CANCEL).
+                raise asyncio.CancelledError() from err
+            error = classify(err, phase, attempt)
+            if _host_lost(err) and phase != "setup":
+                raise _AttemptLost(error) from err
+            if error.non_retryable:
+                raise _TrialFailed(error, _termination_for(phase, error)) from err
+            if lose_attempt_on_retryable:
+                raise _AttemptLost(error) from err
+            raise _TrialFailed(error, "infra_error") from err
+        finally:
+            tally.add_time(phase, (workflow.now() - started).total_seconds())
+
+    async def _teardown(
+        self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput
+    ) -> None:
+        """Best effort, never raises. If the owning worker is gone, any worker on the same
+        engine can still remove the container (shared-queue fallback); elsewhere the
+        periodic reaper does."""
+        started = workflow.now()
+        arg = TeardownInput(batch_id=spec.batch_id, trial_id=spec.trial_id, attempt=attempt, sandbox_id=setup.sandbox_id)
+        try:
+            await workflow.execute_activity_method(
+                SandboxActivities.teardown,
+                arg,
+                task_queue=setup.host_queue,
+                schedule_to_start_timeout=timedelta(seconds=spec.host_schedule_timeout_s),
+                start_to_close_timeout=TEARDOWN_TIMEOUT,
+                retry_policy=TEARDOWN_RETRY,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("teardown of %s on its host failed: %s", setup.sandbox_id, err.cause)
+            try:
+                await workflow.execute_activity_method(
+                    SandboxActivities.teardown,
+                    arg,
+                    task_queue=workflow.info().task_queue,
+                    start_to_close_timeout=TEARDOWN_TIMEOUT,
+                    retry_policy=TEARDOWN_RETRY,
+                )
+            except ActivityError as err2:
+                workflow.logger.warning("fallback teardown of %s failed: %s", setup.sandbox_id, err2.cause)
+        finally:
+            tally.add_time("teardown", (workflow.now() - started).total_seconds())
+
+    def _ensure_start_attributes(self, spec: TrialSpec) -> None:
+        """Clients set these at start; a workflow started elsewhere gets them here."""
+        if workflow.info().typed_search_attributes.get(SearchAttributeKey.for_keyword(SA_BATCH)):
+            return
+        updates = [
+            SearchAttributeKey.for_keyword(SA_BATCH).value_set(spec.batch_id),
+            SearchAttributeKey.for_keyword(SA_TASK).value_set(spec.task_name),
+            SearchAttributeKey.for_keyword(SA_SCAFFOLD).value_set(spec.scaffold),
+        ]
+        if spec.step is not None:
+            updates.append(SearchAttributeKey.for_int(SA_STEP).value_set(spec.step))
+        workflow.upsert_search_attributes(updates)
+
+    def _result(
+        self,
+        spec: TrialSpec,
+        tally: _Tally,
+        termination: Termination | None,
+        error: TrialError | None,
+    ) -> TrialResult:
+        scaffold, verify = tally.scaffold, tally.verify
+        if termination is None:
+            termination = scaffold.termination_reason if scaffold else "infra_error"
+        if error is None and scaffold is not None:
+            error = scaffold.error
+        return TrialResult(
+            trial_id=spec.trial_id,
+            batch_id=spec.batch_id,
+            task_name=spec.task_name,
+            scaffold=spec.scaffold,
+            sample_index=spec.sample_index,
+            rewards=verify.rewards if verify else {},
+            reward=verify.reward if verify else 0.0,
+            reward_valid=verify.reward_valid if verify else False,
+            reward_error=verify.reward_error if verify else None,
+            termination_reason=termination,
+            turns=scaffold.turns if scaffold else self._progress.turns,
+            tool_calls=scaffold.tool_calls if scaffold else 0,
+            prompt_tokens=scaffold.prompt_tokens if scaffold else self._progress.prompt_tokens,
+            response_tokens=scaffold.response_tokens if scaffold else self._progress.response_tokens,
+            timings=tally.timings,
+            attempts=tally.attempts,
+            trajectory_uris=tally.trajectory_uris,
+            logs_uri=scaffold.logs_uri if scaffold else None,
+            error=error,
+        )
+
+
+def _termination_for(phase: Phase, error: TrialError) -> Termination:
+    """A non-retryable failure: the task (set-up, verify) or the scaffold is broken."""
+    if phase == "scaffold":
+        return "scaffold_error"
+    return "verifier_error"
