@@ -45,6 +45,7 @@ import docker
 import docker.errors
 import docker.types
 import requests.exceptions
+import urllib3.exceptions
 
 from trialflow.errors import (
     ImageBuildFailed,
@@ -359,7 +360,8 @@ class DockerBackend(SandboxBackend):
                     stream.close()  # closing the connection makes the engine cancel the build
                     raise ImageBuildTimeout(f"task {task.name}: image build exceeded {timeout:.0f}s",
                                             "\n".join(lines))
-        except requests.exceptions.ReadTimeout:
+        # A silent build step hits the HTTP read timeout: from urllib3 directly while streaming.
+        except (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError):
             raise ImageBuildTimeout(f"task {task.name}: image build exceeded {timeout:.0f}s",
                                     "\n".join(lines)) from None
         except docker.errors.APIError as e:
