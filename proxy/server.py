@@ -1,0 +1,392 @@
+"""aiohttp app of the proxy: management API + Anthropic/OpenAI protocol routes.
+
+Management (no auth: bind it to a private interface; the worker uses it in-process)::
+
+    POST /sessions               {model?, sampling?: {...}, max_context_tokens?, replicas?: [url],
+                                  metadata?: {...}, reasoning_parser?, tool_parser?}
+                                 -> {session_id, anthropic_base_url, openai_base_url}
+    GET  /sessions/{id}          -> live stats
+    POST /sessions/{id}/close    -> trajectory npz bytes (``?format=json``: JSON summary)
+
+Protocol routes, under ``/s/{id}/{secret}/v1/``: ``messages`` (``?beta=true`` accepted),
+``messages/count_tokens``, ``chat/completions``, ``models``. The secret (``secrets.
+token_urlsafe``) is compared in constant time; a wrong secret, unknown or closed session is a
+404 in the protocol's error shape, so one session can never reach another's data.
+``models`` and unknown routes answer in the Anthropic shape when the request carries an
+``anthropic-version`` header, else in the OpenAI shape.
+
+Bodies over ``max_body_bytes`` -> 413; bodies that are not JSON -> 400; anything the
+adapters reject -> their 4xx. An unexpected exception is logged and answered 500 (never
+expected; tests assert it does not happen).
+
+Streaming: each turn is generated with one non-streaming backend call. The response
+waits up to ``keepalive_s`` for the turn before committing to a 200 event stream, so errors
+that come quickly (context exhausted, bad request) keep their HTTP status. After that it
+sends ``ping`` events (Anthropic) / SSE comment lines (OpenAI) every ``keepalive_s`` until
+the turn finishes, then the result's events; a failure after the stream started is sent
+as the protocol's error event. The turn runs as its own task, so a client that
+disconnects does not cancel it: its tokens are still recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from proxy import anthropic_api, openai_api
+from proxy.chat import ChatRequest, TurnOutcome
+from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError
+from proxy.pool import ReplicaPool
+from proxy.session import Session, SessionConfig
+from proxy.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024**2
+
+
+@dataclass(frozen=True)
+class SessionHandle:
+    """What a scaffold needs to reach its session."""
+
+    session_id: str
+    secret: str
+    anthropic_base_url: str
+    openai_base_url: str
+
+
+@dataclass
+class _Entry:
+    session: Session
+    secret: str
+    own_pool: ReplicaPool | None  # a pool created for this session's own replica list
+
+
+class ProxyServer:
+    """One proxy per worker process. ``start()``/``stop()`` for in-process use, ``serve()``
+    to run standalone until cancelled.
+
+    ``pool`` (or ``replicas``, to build one) is the default backend for sessions that do not
+    name their own replicas. ``model_dir`` holds the tokenizer + chat template.
+    ``public_host`` is the host put into session URLs (default: ``host``; set it when the
+    scaffold reaches the proxy through another address, e.g. from a container).
+    """
+
+    def __init__(
+        self,
+        *,
+        model_dir: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        replicas: Iterable[str] = (),
+        pool: ReplicaPool | None = None,
+        defaults: SessionConfig | None = None,
+        public_host: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        keepalive_s: float = 5.0,
+    ) -> None:
+        from transformers import AutoTokenizer  # heavy import, only when a server is built
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.host, self.port = host, port
+        self.public_host = public_host or host
+        self.pool = pool if pool is not None else ReplicaPool(replicas)
+        self.defaults = defaults or SessionConfig()
+        self.max_body_bytes = max_body_bytes
+        self.keepalive_s = keepalive_s
+        self._sessions: dict[str, _Entry] = {}
+        self._runner: web.AppRunner | None = None
+        self.app = self._build_app()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.pool.start()
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        if self.port == 0:
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        for sid in list(self._sessions):
+            await self.close_session(sid)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.pool.close()
+
+    async def serve(self) -> None:
+        """Run until cancelled (the ``trialflow proxy`` command)."""
+        await self.start()
+        log.info("proxy listening on %s", self.base_url)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.stop()
+
+    async def __aenter__(self) -> ProxyServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.public_host}:{self.port}"
+
+    # -- in-process management ------------------------------------------------------------
+    def open_session(self, config: SessionConfig | None = None) -> SessionHandle:
+        """Open a session (``config`` None: the server's defaults)."""
+        config = config or self.defaults
+        sid, secret = uuid.uuid4().hex, secrets.token_urlsafe(24)
+        own_pool = ReplicaPool(config.replicas) if config.replicas else None
+        pool = own_pool or self.pool
+        self._sessions[sid] = _Entry(Session(sid, config, self.tokenizer, pool), secret, own_pool)
+        base = f"{self.base_url}/s/{sid}/{secret}"
+        return SessionHandle(sid, secret, base, f"{base}/v1")
+
+    async def close_session(self, session_id: str) -> Trajectory:
+        """Close a session (waiting for a running turn) and return its trajectory.
+        Raises ``NotFound`` for an unknown or already closed session."""
+        entry = self._sessions.pop(session_id, None)
+        if entry is None:
+            raise NotFound(f"unknown session {session_id}")
+        trajectory = await entry.session.close()
+        self.pool.forget(session_id)
+        if entry.own_pool is not None:
+            await entry.own_pool.close()
+        return trajectory
+
+    def session_stats(self, session_id: str) -> dict[str, Any]:
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            raise NotFound(f"unknown session {session_id}")
+        return entry.session.stats()
+
+    def session(self, session_id: str) -> Session:
+        """The live ``Session`` (tests and the worker read its trajectory)."""
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            raise NotFound(f"unknown session {session_id}")
+        return entry.session
+
+    # -- app ------------------------------------------------------------------------------
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        r = app.router
+        r.add_post("/sessions", self._create)
+        r.add_get("/sessions/{sid}", self._stats)
+        r.add_post("/sessions/{sid}/close", self._close)
+        base = "/s/{sid}/{secret}/v1"
+        r.add_post(f"{base}/messages", self._anthropic_messages)
+        r.add_post(f"{base}/messages/count_tokens", self._anthropic_count_tokens)
+        r.add_post(f"{base}/chat/completions", self._openai_chat)
+        r.add_get(f"{base}/models", self._models)
+        r.add_route("*", "/s/{sid}/{secret}/{tail:.*}", self._unknown_route)
+        return app
+
+    # -- management handlers --------------------------------------------------------------
+    async def _create(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request, self.max_body_bytes) if request.can_read_body else {}
+            config = self.defaults.with_overrides(body)
+        except ProxyError as exc:
+            return _mgmt_error(exc)
+        except (TypeError, ValueError) as exc:
+            return _mgmt_error(InvalidRequest(str(exc)))
+        handle = self.open_session(config)
+        return web.json_response(
+            {"session_id": handle.session_id, "anthropic_base_url": handle.anthropic_base_url,
+             "openai_base_url": handle.openai_base_url}
+        )
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        try:
+            return web.json_response(self.session_stats(request.match_info["sid"]))
+        except ProxyError as exc:
+            return _mgmt_error(exc)
+
+    async def _close(self, request: web.Request) -> web.Response:
+        try:
+            trajectory = await self.close_session(request.match_info["sid"])
+        except ProxyError as exc:
+            return _mgmt_error(exc)
+        if request.query.get("format") == "json":
+            return web.json_response(Session.summary(trajectory))
+        return web.Response(body=trajectory.to_bytes(), content_type="application/octet-stream")
+
+    # -- protocol handlers ----------------------------------------------------------------
+    def _lookup(self, request: web.Request) -> Session:
+        entry = self._sessions.get(request.match_info["sid"])
+        if entry is None or not hmac.compare_digest(entry.secret, request.match_info["secret"]):
+            raise NotFound("unknown session")
+        return entry.session
+
+    async def _anthropic_messages(self, request: web.Request) -> web.StreamResponse:
+        render = anthropic_api.render_error
+        try:
+            session = self._lookup(request)
+            chat = anthropic_api.parse_messages_request(await _read_json(request, self.max_body_bytes))
+        except ProxyError as exc:
+            return _error(render(exc))
+        session.note_ignored(chat.ignored_fields)
+        message_id = anthropic_api.new_message_id()
+        model = chat.model or session.config.model
+
+        def events(outcome: TurnOutcome) -> Iterable[bytes]:
+            for name, data in anthropic_api.stream_events(outcome, model=model, message_id=message_id):
+                yield anthropic_api.sse(name, data)
+
+        return await self._turn(
+            request, session, chat, anthropic_api.new_tool_use_id,
+            render_json=lambda o: anthropic_api.build_message(o, model=model, message_id=message_id),
+            render_stream=events,
+            keepalive=anthropic_api.sse(*anthropic_api.ping_event()),
+            render_error=render,
+            stream_error=lambda exc: anthropic_api.sse(*anthropic_api.error_event(exc)),
+        )
+
+    async def _anthropic_count_tokens(self, request: web.Request) -> web.Response:
+        try:
+            session = self._lookup(request)
+            chat = anthropic_api.parse_count_tokens_request(await _read_json(request, self.max_body_bytes))
+            n = session.count_tokens(chat)
+        except ProxyError as exc:
+            return _error(anthropic_api.render_error(exc))
+        return web.json_response(anthropic_api.count_tokens_response(n))
+
+    async def _openai_chat(self, request: web.Request) -> web.StreamResponse:
+        render = openai_api.render_error
+        try:
+            session = self._lookup(request)
+            chat = openai_api.parse_chat_request(await _read_json(request, self.max_body_bytes))
+        except ProxyError as exc:
+            return _error(render(exc))
+        session.note_ignored(chat.ignored_fields)
+        completion_id = openai_api.new_completion_id()
+        model = chat.model or session.config.model
+        created = int(time.time())
+
+        def chunks(outcome: TurnOutcome) -> Iterable[bytes]:
+            for chunk in openai_api.stream_chunks(
+                outcome, model=model, completion_id=completion_id, created=created, include_usage=chat.stream_usage
+            ):
+                yield openai_api.sse_chunk(chunk)
+            yield openai_api.SSE_DONE
+
+        return await self._turn(
+            request, session, chat, openai_api.new_tool_call_id,
+            render_json=lambda o: openai_api.build_chat_completion(
+                o, model=model, completion_id=completion_id, created=created
+            ),
+            render_stream=chunks,
+            keepalive=openai_api.SSE_KEEPALIVE,
+            render_error=render,
+            stream_error=openai_api.sse_error,
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        anthropic = "anthropic-version" in request.headers
+        try:
+            session = self._lookup(request)
+        except ProxyError as exc:
+            return _error((anthropic_api if anthropic else openai_api).render_error(exc))
+        names = [session.config.model]
+        api = anthropic_api if anthropic else openai_api
+        return web.json_response(api.models_response(names))
+
+    async def _unknown_route(self, request: web.Request) -> web.Response:
+        api = anthropic_api if "anthropic-version" in request.headers else openai_api
+        return _error(api.render_error(NotFound(f"no route {request.method} {request.match_info['tail']}")))
+
+    async def _turn(
+        self,
+        request: web.Request,
+        session: Session,
+        chat: ChatRequest,
+        new_tool_call_id: Callable[[], str],
+        *,
+        render_json: Callable[[TurnOutcome], dict[str, Any]],
+        render_stream: Callable[[TurnOutcome], Iterable[bytes]],
+        keepalive: bytes,
+        render_error: Callable[[BaseException], tuple[int, dict[str, Any]]],
+        stream_error: Callable[[BaseException], bytes],
+    ) -> web.StreamResponse:
+        """Run one turn and answer it, as JSON or as an event stream (module docstring)."""
+        task = asyncio.ensure_future(session.run_turn(chat, new_tool_call_id=new_tool_call_id))
+        # Wait a little before committing to a 200 stream, so fast failures keep their status.
+        done, _ = await asyncio.wait({task}, timeout=self.keepalive_s if chat.stream else None)
+        if done or not chat.stream:
+            try:
+                outcome = task.result()
+            except Exception as exc:  # noqa: BLE001 - rendered in the protocol's shape
+                return _error(render_error(exc), log_unexpected=not isinstance(exc, ProxyError))
+            if not chat.stream:
+                return web.json_response(render_json(outcome))
+            return await _stream(request, render_stream(outcome))
+        resp = await _start_stream(request)
+        while not task.done():
+            await resp.write(keepalive)
+            await asyncio.wait({task}, timeout=self.keepalive_s)
+        try:
+            outcome = task.result()
+        except Exception as exc:  # noqa: BLE001 - sent as the protocol's error event
+            if not isinstance(exc, ProxyError):
+                log.exception("turn failed unexpectedly")
+            await resp.write(stream_error(exc))
+            return resp
+        for piece in render_stream(outcome):
+            await resp.write(piece)
+        return resp
+
+
+async def _start_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    return resp
+
+
+async def _stream(request: web.Request, body: Iterable[bytes]) -> web.StreamResponse:
+    resp = await _start_stream(request)
+    for piece in body:
+        await resp.write(piece)
+    return resp
+
+
+async def _read_json(request: web.Request, limit: int) -> Any:
+    """The decoded JSON body. ``PayloadTooLarge`` over ``limit``; ``InvalidRequest`` if not JSON."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(request.content_length, limit)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(exc.actual_size or limit + 1, limit) from None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+
+
+def _error(rendered: tuple[int, dict[str, Any]], log_unexpected: bool = False) -> web.Response:
+    status, body = rendered
+    if log_unexpected or status >= 500:
+        log.warning("answering %d: %s", status, body)
+    return web.json_response(body, status=status)
+
+
+def _mgmt_error(exc: ProxyError) -> web.Response:
+    return web.json_response({"error": {"type": type(exc).__name__, "message": exc.message}}, status=exc.status)
+

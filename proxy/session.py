@@ -1,0 +1,256 @@
+"""Session: one trial attempt's conversation with the model, recorded token-exactly.
+
+A turn: ``tracker.prepare`` (segment + prompt ids) -> clamp ``max_tokens`` to the context
+left -> ``pool.generate`` -> ``parse_output`` -> ``tracker.commit`` -> checkpoint.
+
+Rules and edge cases:
+- Turns are serialised by one ``asyncio.Lock`` per session. A request that arrives while
+  another turn of the same session is running WAITS for it (FIFO) and then runs against
+  the updated trajectory; it is never rejected with 409. Real scaffolds send side calls
+  (title generation, quota checks) concurrently with the main loop, and a 409 would turn
+  those into client-visible failures. A client that retries a request whose first copy is
+  still running therefore gets its answer after the first copy has been recorded; the
+  tracker sees the retry as a rewritten history and opens a new segment (documented in
+  ``proxy.tokenization``).
+- Sampling: temperature, top_p, top_k and seed come from the session config (the trainer
+  decides how to sample, not the scaffold); the client's stop sequences are honoured; the
+  client's ``max_tokens``, the config's ``max_tokens`` and the context left are all upper
+  bounds (None = no bound from that side).
+- No context left (prompt >= ``max_context_tokens``): ``ContextExhausted`` (400),
+  ``counters.overlong`` += 1 and ``overlong`` is set; nothing else is recorded.
+- A failed turn (backend error, parse of the request) commits nothing; what was recorded
+  before stays. Tokens are recorded as soon as the backend returns, even if the client has
+  gone away (the server runs the turn as its own task).
+- Checkpoints: after every committed turn the sink gets ``trajectory.delta_since(mark)``
+  with ``seq`` counting successful writes. A failing sink is logged and counted, the mark
+  does not move, and the next turn's delta covers both turns: nothing is skipped.
+- After ``close()`` every request answers ``NotFound``; ``close()`` waits for a running turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from proxy.backend import CompletionRequest
+from proxy.chat import ChatRequest, FinishReason, SamplingParams, TurnOutcome
+from proxy.checkpoint import CheckpointSink
+from proxy.errors import ContextExhausted, NotFound
+from proxy.parsers import parse_output
+from proxy.pool import ReplicaPool
+from proxy.tokenization import ConversationTracker, TurnInfo
+from proxy.trajectory import Mark, Trajectory
+
+log = logging.getLogger(__name__)
+
+_SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Per-session settings. ``model`` is the served model name sent to vLLM.
+
+    ``replicas`` non-empty gives the session its own pool (else the server's pool serves
+    it). ``reasoning_parser``/``tool_parser`` None disable that parsing stage.
+    ``template_kwargs`` go to every chat-template render (e.g. ``enable_thinking``).
+    """
+
+    model: str = "default"
+    sampling: SamplingParams = SamplingParams()
+    max_context_tokens: int = 32768
+    replicas: tuple[str, ...] = ()
+    reasoning_parser: str | None = "think"
+    tool_parser: str | None = "hermes"
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    checkpoint: CheckpointSink | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_overrides(self, body: Any) -> SessionConfig:
+        """This config updated from a ``POST /sessions`` JSON body. Raises ``ValueError``
+        / ``TypeError`` for unknown keys or wrong types (answered 400)."""
+        if not isinstance(body, dict):
+            raise TypeError("session body must be a JSON object")
+        unknown = set(body) - {"model", "sampling", "max_context_tokens", "replicas", "metadata",
+                               "reasoning_parser", "tool_parser", "template_kwargs"}
+        if unknown:
+            raise ValueError(f"unknown session fields: {sorted(unknown)}")
+        out = self
+        if "model" in body:
+            out = replace(out, model=_typed(body["model"], str, "model"))
+        if "sampling" in body:
+            s = _typed(body["sampling"], dict, "sampling")
+            if set(s) - _SAMPLING_KEYS:
+                raise ValueError(f"unknown sampling fields: {sorted(set(s) - _SAMPLING_KEYS)}")
+            if "stop" in s:
+                s = {**s, "stop": tuple(_typed(s["stop"], list, "sampling.stop"))}
+            for k in ("temperature", "top_p"):
+                if k in s and (isinstance(s[k], bool) or not isinstance(s[k], (int, float))):
+                    raise TypeError(f"sampling.{k} must be a number")
+            for k in ("max_tokens", "top_k", "seed"):
+                if s.get(k) is not None and (isinstance(s[k], bool) or not isinstance(s[k], int)):
+                    raise TypeError(f"sampling.{k} must be an integer")
+            out = replace(out, sampling=replace(out.sampling, **s))
+        if "max_context_tokens" in body:
+            n = _typed(body["max_context_tokens"], int, "max_context_tokens")
+            if n <= 0:
+                raise ValueError("max_context_tokens must be positive")
+            out = replace(out, max_context_tokens=n)
+        if "replicas" in body:
+            urls = _typed(body["replicas"], list, "replicas")
+            out = replace(out, replicas=tuple(_typed(u, str, "replicas[]") for u in urls))
+        if "metadata" in body:
+            out = replace(out, metadata=_typed(body["metadata"], dict, "metadata"))
+        if "template_kwargs" in body:
+            out = replace(out, template_kwargs=_typed(body["template_kwargs"], dict, "template_kwargs"))
+        for k in ("reasoning_parser", "tool_parser"):
+            if k in body:
+                out = replace(out, **{k: None if body[k] is None else _typed(body[k], str, k)})
+        return out
+
+
+def _typed(value: Any, kind: type, name: str) -> Any:
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        raise TypeError(f"{name} must be of type {kind.__name__}")
+    return value
+
+
+class Session:
+    """One trial attempt. Created by ``ProxyServer.open_session``; see module docstring."""
+
+    def __init__(self, session_id: str, config: SessionConfig, tokenizer: Any, pool: ReplicaPool) -> None:
+        self.id = session_id
+        self.config = config
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.tracker = ConversationTracker(tokenizer, session_id=session_id, template_kwargs=config.template_kwargs)
+        self.tracker.trajectory.metadata.update(config.metadata)
+        self.overlong = False
+        self.closed = False
+        self.checkpoints_written = 0
+        self.checkpoint_failures = 0
+        self._mark = Mark.EMPTY
+        self._lock = asyncio.Lock()
+        self._ignored_logged: set[str] = set()
+        # Resolve parser names now, so a typo fails at session creation, not mid-trial.
+        parse_output("", reasoning=config.reasoning_parser, tools=config.tool_parser)
+
+    @property
+    def trajectory(self) -> Trajectory:
+        return self.tracker.trajectory
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def note_ignored(self, names: tuple[str, ...]) -> None:
+        """Log request fields the proxy does not act on, once per field per session."""
+        new = set(names) - self._ignored_logged
+        if new:
+            self._ignored_logged |= new
+            log.info("session %s: ignoring request fields %s", self.id, sorted(new))
+
+    def count_tokens(self, request: ChatRequest) -> int:
+        if self.closed:
+            raise NotFound("unknown session")
+        return self.tracker.count_tokens(request)
+
+    async def run_turn(self, request: ChatRequest, *, new_tool_call_id: Callable[[], str]) -> TurnOutcome:
+        """Generate and record one turn. Raises ``ProxyError`` subclasses (module docstring)."""
+        async with self._lock:
+            if self.closed:
+                raise NotFound("unknown session")
+            prepared = self.tracker.prepare(request)
+            prompt_len = len(prepared.prompt_ids)
+            left = self.config.max_context_tokens - prompt_len
+            if left <= 0:
+                self.trajectory.note_overlong()
+                self.overlong = True
+                raise ContextExhausted(prompt_len, self.config.max_context_tokens)
+            bounds = (request.sampling.max_tokens, self.config.sampling.max_tokens, left)
+            sampling = replace(self.config.sampling, stop=request.sampling.stop)
+            started = time.time()
+            gen = await self.pool.generate(
+                self.id,
+                CompletionRequest(
+                    model=self.config.model,
+                    prompt_ids=prepared.prompt_ids,
+                    max_tokens=min(b for b in bounds if b is not None),
+                    sampling=sampling,
+                ),
+            )
+            text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            stop_sequence = _matched_stop(text, sampling.stop) if gen.finish_reason == "stop" else None
+            if stop_sequence:
+                # vLLM includes the stop string (the record keeps it); clients must not see it.
+                text = text[: -len(stop_sequence)]
+            parsed = parse_output(
+                text, reasoning=self.config.reasoning_parser, tools=self.config.tool_parser,
+                tool_call_id_factory=new_tool_call_id, tool_specs=request.tools,
+            )
+            self.tracker.commit(prepared, gen, parsed, TurnInfo(started_at=started, latency_s=time.time() - started))
+            await self._checkpoint()
+        finish: FinishReason = "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
+        return TurnOutcome(parsed, finish, prompt_len, len(gen.token_ids), stop_sequence=stop_sequence)
+
+    async def _checkpoint(self) -> None:
+        sink = self.config.checkpoint
+        if sink is None:
+            return
+        mark = self.trajectory.mark()
+        try:
+            await sink.write(self.id, self.checkpoints_written, self.trajectory.delta_since(self._mark))
+        except Exception:  # noqa: BLE001 - the turn is recorded; the next delta covers it
+            self.checkpoint_failures += 1
+            log.exception("session %s: checkpoint %d failed", self.id, self.checkpoints_written)
+            return
+        self._mark = mark
+        self.checkpoints_written += 1
+
+    async def close(self) -> Trajectory:
+        """Wait for a running turn, flush a pending checkpoint, refuse further requests."""
+        async with self._lock:
+            self.closed = True
+            if self._mark != self.trajectory.mark():
+                await self._checkpoint()
+        self.pool.forget(self.id)
+        return self.trajectory
+
+    def stats(self) -> dict[str, Any]:
+        t = self.trajectory
+        return {
+            "session_id": self.id,
+            "turns": t.counters.turns,
+            "segments": len(t.segments),
+            "prompt_tokens": sum(r.prompt_tokens for r in t.turns),
+            "completion_tokens": sum(r.completion_tokens for r in t.turns),
+            "counters": asdict(t.counters),
+            "overlong": self.overlong,
+            "busy": self.busy,
+            "closed": self.closed,
+            "checkpoints_written": self.checkpoints_written,
+            "checkpoint_failures": self.checkpoint_failures,
+            "metadata": dict(t.metadata),
+        }
+
+    @staticmethod
+    def summary(t: Trajectory) -> dict[str, Any]:
+        """JSON summary of a trajectory (no token arrays)."""
+        return {
+            "session_id": t.session_id,
+            "metadata": dict(t.metadata),
+            "counters": asdict(t.counters),
+            "segments": [
+                {"kind": s.kind, "rewritten": s.rewritten, "prompt_tokens": len(s.prompt_ids),
+                 "response_tokens": len(s.response_ids), "generated_tokens": sum(s.response_mask)}
+                for s in t.segments
+            ],
+            "turns": [asdict(r) for r in t.turns],
+        }
+
+
+def _matched_stop(text: str, stops: tuple[str, ...]) -> str | None:
+    return next((s for s in stops if s and text.endswith(s)), None)

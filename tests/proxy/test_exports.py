@@ -1,0 +1,36 @@
+"""Pins the public surface of ``proxy`` and keeps ``import proxy.chat`` light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import proxy
+
+EXPECTED = {
+    "BackendError", "ChatRequest", "CheckpointSink", "CompletionRequest", "ContextExhausted",
+    "DirectorySink", "Generation", "MemorySink", "ParsedOutput", "ProtocolError", "ProxyError",
+    "ProxyServer", "ReplicaPool", "ReplicaUnavailable", "SamplingParams", "Session", "SessionConfig",
+    "SessionHandle", "ToolCall", "Trajectory", "TurnOutcome", "VLLMClient",
+}
+
+
+def test_exports_are_pinned_and_resolve():
+    assert set(proxy.__all__) == EXPECTED
+    for name in proxy.__all__:
+        assert getattr(proxy, name).__name__ == name
+
+
+def test_unknown_attribute_raises():
+    try:
+        proxy.NoSuchThing  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")
+
+
+def test_importing_chat_does_not_pull_io_stack():
+    code = "import sys, proxy.chat; print(sorted(m for m in ('aiohttp', 'numpy', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
