@@ -292,13 +292,13 @@ def _block(raw: Any, path: str, allowed: tuple[str, ...], ignored: set[str]) -> 
     if kind in _UNSUPPORTED:
         raise InvalidRequest(f"{_UNSUPPORTED[kind]} are not supported by this proxy ({path} has type {kind!r})", param=path)
     if kind not in _BLOCKS:
-        ignored.add(f"{generic(path)}[type={kind}]")
+        ignored.add(f"{generic(path)}.type={kind}")
         return None
     if kind not in allowed:
         raise InvalidRequest(f"{path}: a {kind} block is not allowed here (allowed: {', '.join(allowed)})", param=path)
     block = validate(_BLOCKS[kind], raw, path)
     if isinstance(block, RedactedThinkingBlock):
-        ignored.add(f"{generic(path)}[type=redacted_thinking]")
+        ignored.add(f"{generic(path)}.type=redacted_thinking")
         return None
     _note(block, path, ignored)
     return block
@@ -314,7 +314,7 @@ def _tools(raw: list[dict[str, Any]] | None, ignored: set[str]) -> list[ToolSpec
         kind = t.get("type")
         if kind is not None and kind != "custom":
             log.info("skipping server tool %r (type %r): the proxy serves client tools only", t.get("name"), kind)
-            ignored.add(f"tools[type={kind}]")
+            ignored.add(f"tools[].type={kind}")
             continue
         tool = validate(CustomTool, t, f"tools[{i}]")
         _note(tool, f"tools[{i}]", ignored)

@@ -212,7 +212,7 @@ def _text_of(content: str | list[dict[str, Any]] | None, path: str, ignored: set
                 param=f"{path}[{j}]",
             )
         if kind != "text":
-            ignored.add(f"{generic(path)}[type={kind}]")
+            ignored.add(f"{generic(path)}[].type={kind}")
             continue
         text = part.get("text")
         if not isinstance(text, str):
@@ -226,7 +226,7 @@ def _tools(raw: list[dict[str, Any]] | None, ignored: set[str]) -> list[ToolSpec
     for i, t in enumerate(raw or ()):
         if t.get("type") != "function":
             log.info("skipping tool of type %r: the proxy serves function tools only", t.get("type"))
-            ignored.add(f"tools[type={t.get('type')}]")
+            ignored.add(f"tools[].type={t.get('type')}")
             continue
         tool = validate(FunctionTool, t, f"tools[{i}]")
         note_unused(tool.function, f"tools[{i}].function", {"strict"}, ignored)
