@@ -183,7 +183,10 @@ class Session:
                 ),
             )
             text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-            stop_sequence = _matched_stop(text, sampling.stop) if gen.finish_reason == "stop" else None
+            ended_on_eos = bool(gen.token_ids) and gen.token_ids[-1] == self.tracker.eos_id
+            stop_sequence = None
+            if gen.finish_reason == "stop" and not ended_on_eos:
+                stop_sequence = _matched_stop(text, sampling.stop)
             if stop_sequence:
                 # vLLM includes the stop string (the record keeps it); clients must not see it.
                 text = text[: -len(stop_sequence)]

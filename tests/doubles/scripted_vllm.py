@@ -16,7 +16,7 @@ lets a real scaffold make side calls (title generation and the like) that do not
 the scripted main conversation.
 
 Every received body is kept in ``requests`` (``main_requests`` for the ones that popped
-the script).
+the script); ``timings`` has (arrival, answer) times of the generated replies.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import asyncio
 import base64
 import io
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -37,7 +38,7 @@ from aiohttp import web
 class Reply:
     """A generation. ``text`` is tokenized with the double's tokenizer (no special tokens);
     ``token_ids`` overrides it. For finish_reason "stop" the end-of-turn token is appended
-    (vLLM includes the EOS id in ``token_ids``). ``experts=(layers, top_k, n_experts)``
+    (vLLM includes the EOS id in ``token_ids``) unless ``eos`` is False (a stop-string stop). ``experts=(layers, top_k, n_experts)``
     adds a deterministic ``routed_experts`` array [prompt + generated - 1, layers, top_k].
     ``delay_s`` sleeps before answering. ``max_tokens`` in the request truncates the reply
     to a "length" finish, as vLLM would."""
@@ -47,6 +48,7 @@ class Reply:
     finish_reason: str = "stop"
     experts: tuple[int, int, int] | None = None
     delay_s: float = 0.0
+    eos: bool = True
 
 
 @dataclass
@@ -106,6 +108,8 @@ class ScriptedVLLM:
     healthy: bool = True
     requests: list[dict[str, Any]] = field(default_factory=list)
     main_requests: list[dict[str, Any]] = field(default_factory=list)
+    # (arrival, departure) monotonic times per answered request, to check serialisation.
+    timings: list[tuple[float, float]] = field(default_factory=list)
     port: int = 0
     _runner: web.AppRunner | None = None
 
@@ -155,6 +159,7 @@ class ScriptedVLLM:
         return list(self.tokenizer.encode(action.text, add_special_tokens=False))
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
         body = await request.json()
         self.requests.append(body)
         prompt = body.get("prompt")
@@ -178,7 +183,7 @@ class ScriptedVLLM:
             await asyncio.sleep(action.delay_s)
         ids = self._ids(action)
         reason = "abort" if isinstance(action, Abort) else action.finish_reason
-        if reason == "stop":
+        if reason == "stop" and getattr(action, "eos", False):
             ids.append(self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token))
         if len(ids) > max_tokens:
             ids, reason = ids[:max_tokens], "length"
@@ -201,6 +206,7 @@ class ScriptedVLLM:
         if action.experts is not None:
             layers, top_k, n = action.experts
             choice["routed_experts"] = _b64_npy(fake_experts(len(prompt) + len(ids) - 1, layers, top_k, n))
+        self.timings.append((arrived, time.monotonic()))
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
         return web.json_response(
             {"id": f"cmpl-{len(self.requests)}", "object": "text_completion", "created": 0,

@@ -1,4 +1,4 @@
-"""Shared helpers for the proxy I/O tests (tokenizer of the tiny model, scripted doubles)."""
+"""Shared helpers for the proxy I/O tests (tokenizer of the tiny model, pools over doubles)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,21 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from proxy.backend import VLLMClient
+from proxy.pool import ReplicaPool
+
+BASH_TOOL_CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
+ANTHROPIC_TOOLS = [{"name": "Bash", "description": "Run a shell command",
+                    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
+                                     "required": ["command"]}}]
+OPENAI_TOOLS = [{"type": "function", "function": {"name": "Bash", "description": "Run a shell command",
+                                                   "parameters": ANTHROPIC_TOOLS[0]["input_schema"]}}]
+
 
 def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def pool_over(*urls: str) -> ReplicaPool:
+    """A pool without background health polling and with short client timeouts."""
+    return ReplicaPool(urls, client_factory=lambda u: VLLMClient(u, timeout_s=10), health_interval_s=None)

@@ -1,0 +1,211 @@
+"""Session against the scripted vLLM double: the turn pipeline, its failure rules, checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from proxy.chat import ChatRequest, SamplingParams
+from proxy.checkpoint import DirectorySink, MemorySink
+from proxy.errors import ContextExhausted, NotFound, ReplicaUnavailable
+from proxy.session import Session, SessionConfig
+from proxy.trajectory import Trajectory
+from tests.doubles.scripted_vllm import Abort, Reply, ScriptedVLLM, fake_experts, fake_logprob
+from tests.proxy._support import BASH_TOOL_CALL, OPENAI_TOOLS, load_tokenizer, pool_over
+
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _ids():
+    n = iter(range(1000))
+    return lambda: f"call_{next(n)}"
+
+
+def _req(messages, max_tokens=None, stop=(), tools=OPENAI_TOOLS) -> ChatRequest:
+    return ChatRequest(protocol="openai", messages=messages, tools=tools,
+                       sampling=SamplingParams(max_tokens=max_tokens, stop=stop))
+
+
+_OPEN: list[Session] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_pools():
+    yield
+    while _OPEN:
+        await _OPEN.pop().pool.close()
+
+
+def _session(tok, dbl, **cfg) -> Session:
+    cfg.setdefault("model", "scripted")
+    cfg.setdefault("max_context_tokens", 4096)
+    session = Session("sess", SessionConfig(**cfg), tok, pool_over(dbl.url))
+    _OPEN.append(session)
+    return session
+
+
+async def _two_turns(session: Session):
+    """user -> tool call; tool result -> final text. Returns both outcomes and the messages."""
+    m1 = [SYSTEM, {"role": "user", "content": "list files"}]
+    o1 = await session.run_turn(_req(m1), new_tool_call_id=_ids())
+    call = o1.parsed.tool_calls[0]
+    m2 = m1 + [
+        {"role": "assistant", "content": o1.parsed.content,
+         "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "a.txt b.txt"},
+    ]
+    o2 = await session.run_turn(_req(m2), new_tool_call_id=_ids())
+    return o1, o2
+
+
+async def test_turn_pipeline_records_exact_tokens_and_extends(tok):
+    async with ScriptedVLLM(tok, script=[Reply(BASH_TOOL_CALL), Reply("two files")]) as dbl:
+        s = _session(tok, dbl, sampling=SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=1))
+        o1, o2 = await _two_turns(s)
+    assert o1.finish_reason == "tool_calls" and o1.parsed.tool_calls[0].arguments == {"command": "ls"}
+    assert o2.finish_reason == "stop" and o2.parsed.content == "two files"
+    (seg,) = s.trajectory.segments
+    first, second = dbl.requests
+    # Sampling comes from the session config; max_tokens is the context left.
+    assert (first["temperature"], first["top_p"], first["top_k"], first["seed"]) == (0.7, 0.9, 5, 1)
+    assert first["max_tokens"] == 4096 - len(first["prompt"])
+    # Turn 2's prompt is turn 1's full sequence plus environment tokens.
+    gen1 = tok.encode(BASH_TOOL_CALL, add_special_tokens=False) + [tok.eos_token_id]
+    assert seg.prompt_ids == first["prompt"]
+    assert second["prompt"][: len(first["prompt"]) + len(gen1)] == first["prompt"] + gen1
+    assert seg.full_ids[: len(second["prompt"])] == second["prompt"]
+    # Mask marks exactly the generated tokens; logprobs are the backend's.
+    gen_positions = [i for i, m in enumerate(seg.response_mask) if m]
+    assert len(gen_positions) == o1.completion_tokens + o2.completion_tokens
+    for i in gen_positions:
+        pos = len(seg.prompt_ids) + i
+        assert seg.response_logprobs[i] == pytest.approx(fake_logprob(seg.response_ids[i], pos), abs=1e-6)
+    assert s.trajectory.counters.turns == 2 and s.trajectory.counters.tool_calls == 1
+
+
+async def test_routed_experts_stored_per_token(tok):
+    async with ScriptedVLLM(tok, script=[Reply(BASH_TOOL_CALL, experts=(2, 2, 8)),
+                                          Reply("done", experts=(2, 2, 8))]) as dbl:
+        s = _session(tok, dbl)
+        await _two_turns(s)
+    (seg,) = s.trajectory.segments
+    n = len(seg)
+    assert seg.routed_experts.shape == (n, 2, 2)
+    # Every row but the last (never forwarded) is the routing vLLM reported for that position.
+    assert np.array_equal(seg.routed_experts[: n - 1].astype(np.int32), fake_experts(n - 1, 2, 2, 8))
+
+
+async def test_abort_resume_is_one_turn(tok):
+    part = tok.encode("<think>\nplan", add_special_tokens=False)
+    rest = tok.encode("\n</think>\n\nanswer", add_special_tokens=False)
+    async with ScriptedVLLM(tok, script=[Abort(token_ids=part), Reply(token_ids=rest)]) as dbl:
+        s = _session(tok, dbl)
+        out = await s.run_turn(_req([SYSTEM, {"role": "user", "content": "q"}]), new_tool_call_id=_ids())
+    assert out.parsed.reasoning == "plan" and out.parsed.content == "answer"
+    (turn,) = s.trajectory.turns
+    assert turn.resumed_after_abort == 1 and s.trajectory.counters.aborts_resumed == 1
+    assert s.trajectory.segments[0].response_ids == part + rest + [tok.eos_token_id]
+
+
+async def test_failed_turn_commits_nothing_then_recovers(tok):
+    dbl = await ScriptedVLLM(tok, script=[Reply(BASH_TOOL_CALL), Reply("done")]).start()
+    s = _session(tok, dbl)
+    m1 = [SYSTEM, {"role": "user", "content": "list files"}]
+    await s.run_turn(_req(m1), new_tool_call_id=_ids())
+    before = s.trajectory.to_bytes()
+    port = dbl.port
+    await dbl.stop()
+    with pytest.raises(ReplicaUnavailable):
+        await s.run_turn(_req(m1 + [{"role": "user", "content": "more"}]), new_tool_call_id=_ids())
+    assert s.trajectory.to_bytes() == before
+    await dbl.start(port)  # the replica comes back: the same session continues
+    out = await s.run_turn(_req(m1 + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "x", "type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}]},
+        {"role": "tool", "tool_call_id": "x", "content": "ok"}]), new_tool_call_id=_ids())
+    await dbl.stop()
+    assert out.parsed.content == "done"
+    assert len(s.trajectory.segments) == 1 and s.trajectory.counters.turns == 2
+
+
+async def test_context_exhaustion_marks_overlong(tok):
+    async with ScriptedVLLM(tok) as dbl:
+        s = _session(tok, dbl, max_context_tokens=40)
+        with pytest.raises(ContextExhausted) as exc:
+            await s.run_turn(_req([SYSTEM, {"role": "user", "content": "x " * 100}]), new_tool_call_id=_ids())
+    assert exc.value.status == 400 and "prompt is too long" in exc.value.message
+    assert s.overlong and s.trajectory.counters.overlong == 1
+    assert s.trajectory.segments == [] and dbl.requests == []
+
+
+async def test_max_tokens_bounds_and_stop_sequence(tok):
+    async with ScriptedVLLM(tok, script=[Reply("alpha END")]) as dbl:
+        s = _session(tok, dbl, sampling=SamplingParams(max_tokens=50))
+        out = await s.run_turn(_req([{"role": "user", "content": "q"}], max_tokens=30, stop=("END",)),
+                               new_tool_call_id=_ids())
+        assert dbl.requests[0]["max_tokens"] == 30 and dbl.requests[0]["stop"] == ["END"]
+    assert out.stop_sequence is None and out.parsed.content == "alpha END"  # it ended on EOS
+    # vLLM stopping on the string: no EOS, the string included (include_stop_str_in_output).
+    async with ScriptedVLLM(tok, script=[Reply("alpha END", eos=False)]) as dbl:
+        s = _session(tok, dbl)
+        out = await s.run_turn(_req([{"role": "user", "content": "q"}], stop=("END",)), new_tool_call_id=_ids())
+    assert out.stop_sequence == "END" and out.parsed.content == "alpha"
+
+
+async def test_concurrent_requests_wait_for_the_running_turn(tok):
+    async with ScriptedVLLM(tok, default=Reply("slow", delay_s=0.4)) as dbl:
+        s = _session(tok, dbl)
+        a = asyncio.create_task(s.run_turn(_req([SYSTEM, {"role": "user", "content": "a"}]), new_tool_call_id=_ids()))
+        await asyncio.sleep(0.05)
+        assert s.busy
+        b = await s.run_turn(_req([SYSTEM, {"role": "user", "content": "b"}]), new_tool_call_id=_ids())
+        await a
+    assert b.parsed.content == "slow" and s.trajectory.counters.turns == 2
+    (a_in, a_out), (b_in, _) = dbl.timings
+    assert b_in >= a_out  # the backend never saw both at once
+
+
+async def test_checkpoints_after_every_turn_rebuild_the_trajectory(tok, tmp_path):
+    mem, disk = MemorySink(), DirectorySink(tmp_path)
+
+    class Both:
+        fail_next = False
+
+        async def write(self, session_id, seq, payload):
+            if self.fail_next:
+                self.fail_next = False
+                raise OSError("bucket unavailable")
+            await mem.write(session_id, seq, payload)
+            await disk.write(session_id, seq, payload)
+
+    sink = Both()
+    async with ScriptedVLLM(tok, script=[Reply(BASH_TOOL_CALL), Reply("done")]) as dbl:
+        s = _session(tok, dbl, checkpoint=sink, metadata={"trial_id": "t1"})
+        m1 = [SYSTEM, {"role": "user", "content": "list files"}]
+        await s.run_turn(_req(m1), new_tool_call_id=_ids())
+        assert len(mem.payloads["sess"]) == 1
+        assert Trajectory.from_checkpoints(mem.payloads["sess"]).to_bytes() == s.trajectory.to_bytes()
+        sink.fail_next = True
+        await s.run_turn(_req(m1 + [{"role": "user", "content": "again"}]), new_tool_call_id=_ids())
+        assert s.checkpoint_failures == 1 and len(mem.payloads["sess"]) == 1
+        await s.run_turn(_req(m1 + [{"role": "user", "content": "third"}]), new_tool_call_id=_ids())
+    # The delta after the failure covers both turns: nothing is skipped.
+    assert len(mem.payloads["sess"]) == 2 and s.trajectory.counters.turns == 3
+    rebuilt = Trajectory.from_checkpoints(disk.read_all("sess"))
+    assert rebuilt.to_bytes() == s.trajectory.to_bytes() and rebuilt.metadata["trial_id"] == "t1"
+
+
+async def test_closed_session_refuses(tok):
+    async with ScriptedVLLM(tok) as dbl:
+        s = _session(tok, dbl)
+        await s.run_turn(_req([{"role": "user", "content": "q"}]), new_tool_call_id=_ids())
+        t = await s.close()
+        assert t.counters.turns == 1
+        with pytest.raises(NotFound):
+            await s.run_turn(_req([{"role": "user", "content": "q"}]), new_tool_call_id=_ids())
