@@ -365,8 +365,13 @@ def start_vllm(
         "--host", HOST, "--port", str(port), *extra_args,
     ]  # fmt: skip
     log = (log_dir or REPO_ROOT / ".trialflow" / "logs") / f"vllm-{port}.log"
-    # KV cache of 1 GiB: the default (4 GiB+) is wasteful for a tiny model on a shared box.
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {
+        # KV cache of 1 GiB: the default (4 GiB+) is wasteful for a tiny model on a shared box.
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # Nothing can be downloaded here: fail at once instead of waiting on the hub.
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
     proc = ManagedProcess(f"vllm:{port}", argv, log, env=env).start()
     proc.wait_ready(lambda: vllm_answers(base_url, served_model_name), ready_timeout_s, poll_s=1.0)
     return Service("vllm", base_url, proc)

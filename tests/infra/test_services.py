@@ -42,6 +42,18 @@ def _wait_gone(pid: int, timeout_s: float = 5) -> bool:
     return False
 
 
+def _group_gone(pgid: int, timeout_s: float = 10) -> bool:
+    """True once no process of group `pgid` is left (vLLM's engine core and workers included)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def _custom_search_attributes(address: str) -> dict[str, str]:
     import asyncio
 
@@ -180,7 +192,7 @@ def test_vllm_serves_tiny_model_token_in_token_out(tmp_path: Path, tiny_model_di
         assert not again.owned and again.endpoint == service.endpoint
     finally:
         service.stop()
-    assert _wait_gone(service.process.pid)
+    assert _group_gone(service.process.pid)
     assert not vllm_answers(service.endpoint)
 
 
