@@ -31,26 +31,17 @@ from infra import (
 )
 
 
-def _wait_gone(pid: int, timeout_s: float = 5) -> bool:
+def _wait_gone(pid: int, *, group: bool = False, timeout_s: float = 10) -> bool:
+    """True once process `pid` (or, with `group`, every process of group `pid`: vLLM's
+    engine core and workers included) no longer exists."""
+    probe = os.killpg if group else os.kill
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
+            probe(pid, 0)
         except ProcessLookupError:
             return True
         time.sleep(0.05)
-    return False
-
-
-def _group_gone(pgid: int, timeout_s: float = 10) -> bool:
-    """True once no process of group `pgid` is left (vLLM's engine core and workers included)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
     return False
 
 
@@ -192,7 +183,7 @@ def test_vllm_serves_tiny_model_token_in_token_out(tmp_path: Path, tiny_model_di
         assert not again.owned and again.endpoint == service.endpoint
     finally:
         service.stop()
-    assert _group_gone(service.process.pid)
+    assert _wait_gone(service.process.pid, group=True)
     assert not vllm_answers(service.endpoint)
 
 
