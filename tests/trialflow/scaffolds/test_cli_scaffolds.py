@@ -1,0 +1,136 @@
+"""Claude Code and OpenCode for real: the host-installed CLIs run in a Docker sandbox and
+talk to the real proxy, which generates through the ScriptedVLLM test double (scripted
+hermes tool calls through the tiny model's tokenizer). The task verifier grades the result."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.doubles.scripted_vllm import Reply
+from tests.trialflow.conftest import EXAMPLES
+from tests.trialflow.scaffolds.conftest import hermes_call, require_cli
+from trialflow.errors import ScaffoldSetupFailed
+from trialflow.scaffolds import ScaffoldContext, get_scaffold
+from trialflow.scaffolds.claude_code import summarize_stream
+from trialflow.scaffolds.opencode import summarize_events
+from trialflow.tasks import load_task
+from trialflow.verifier import run_verifier
+
+pytestmark = [pytest.mark.docker, pytest.mark.scaffold_cli]
+
+CREATE = "printf 'Hello, trialflow!\\n' > /app/hello.txt"
+
+
+async def _context(sandbox_for, proxy, scaffold, *, timeout_s=180.0, mounts=True, **kw):
+    task = load_task(EXAMPLES / "create-file")
+    sandbox = await sandbox_for(task, mounts=scaffold.mounts() if mounts else ())
+    handle = proxy.open_session()
+    beats: list[dict] = []
+    ctx = ScaffoldContext(sandbox=sandbox, task=task, anthropic_base_url=handle.anthropic_base_url,
+                          openai_base_url=handle.openai_base_url, model="tiny", timeout_s=timeout_s,
+                          heartbeat=beats.append, **kw)
+    return task, handle, ctx, beats
+
+
+async def test_claude_code_solves_create_file(sandbox_for, scripted_proxy, tmp_path):
+    scaffold = get_scaffold("claude-code", max_turns=5)
+    require_cli(scaffold)
+    proxy, vllm = await scripted_proxy([
+        Reply(hermes_call("Bash", {"command": CREATE, "description": "Create hello.txt"})),
+        Reply("I created /app/hello.txt."),
+    ])
+    task, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, log_dir=tmp_path / "logs")
+
+    result = await scaffold.run(ctx)
+
+    assert result.exit_code == 0 and not result.timed_out, result.log
+    summary = summarize_stream(result.stdout)
+    assert summary.result_subtype == "success" and summary.result_text == "I created /app/hello.txt."
+    assert summary.tool_uses == 1 and summary.bad_lines == 0
+    assert (tmp_path / "logs" / "claude-code.stdout.txt").read_text() == result.stdout
+    assert (tmp_path / "logs" / "claude-code.summary.json").exists()
+    verdict = await run_verifier(ctx.sandbox, task)
+    assert verdict.reward_valid and verdict.reward == 1.0, verdict.stdout
+    trajectory = await proxy.close_session(handle.session_id)
+    assert trajectory.counters.turns == 2 and trajectory.counters.tool_calls == 1
+    assert len(vllm.main_requests) == 2
+
+
+async def test_opencode_solves_create_file(sandbox_for, scripted_proxy, tmp_path):
+    scaffold = get_scaffold("opencode")
+    require_cli(scaffold)
+    # OpenCode first asks the same model for a session title; that side call gets `default`.
+    proxy, vllm = await scripted_proxy(
+        [Reply(hermes_call("bash", {"command": CREATE, "description": "Create hello.txt"})), Reply("Done.")],
+        default=Reply("Create hello file"),
+    )
+    vllm.match = lambda prompt: "title generator" not in prompt
+    task, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, log_dir=tmp_path / "logs")
+
+    result = await scaffold.run(ctx)
+
+    assert result.exit_code == 0 and not result.timed_out, result.log
+    summary = summarize_events(result.stdout)
+    assert summary.tool_uses == 1 and summary.errors == () and summary.last_finish_reason == "stop"
+    verdict = await run_verifier(ctx.sandbox, task)
+    assert verdict.reward_valid and verdict.reward == 1.0, verdict.stdout
+    trajectory = await proxy.close_session(handle.session_id)
+    assert trajectory.counters.tool_calls == 1 and trajectory.counters.turns >= 2
+    assert len(vllm.main_requests) == 2
+
+
+async def test_claude_code_turn_limit_is_a_nonzero_result(sandbox_for, scripted_proxy):
+    scaffold = get_scaffold("claude-code", max_turns=1)
+    require_cli(scaffold)
+    proxy, _ = await scripted_proxy([Reply(hermes_call("Bash", {"command": "true", "description": "noop"}))])
+    task, _, ctx, _ = await _context(sandbox_for, proxy, scaffold)
+
+    result = await scaffold.run(ctx)
+
+    assert result.exit_code == 1 and not result.timed_out
+    summary = summarize_stream(result.stdout)
+    assert summary.result_subtype == "error_max_turns" and summary.is_error is True
+
+
+async def test_claude_code_against_a_closed_session_ends_with_an_api_error(sandbox_for, scripted_proxy):
+    scaffold = get_scaffold("claude-code", max_turns=3, max_retries=0)
+    require_cli(scaffold)
+    proxy, vllm = await scripted_proxy([])
+    task, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, timeout_s=120)
+    await proxy.close_session(handle.session_id)  # every request now answers 404
+
+    result = await scaffold.run(ctx)
+
+    assert result.exit_code != 0 and not result.timed_out, result.log
+    summary = summarize_stream(result.stdout)
+    assert summary.is_error is True and summary.tool_uses == 0
+    assert vllm.requests == []
+
+
+async def test_missing_mount_is_a_setup_failure(sandbox_for, scripted_proxy):
+    scaffold = get_scaffold("claude-code")
+    require_cli(scaffold)
+    proxy, _ = await scripted_proxy([])
+    _, _, ctx, _ = await _context(sandbox_for, proxy, scaffold, mounts=False)
+    with pytest.raises(ScaffoldSetupFailed, match="not executable in sandbox"):
+        await scaffold.run(ctx)
+
+
+def test_missing_host_install_is_a_setup_failure(tmp_path):
+    for name in ("claude-code", "opencode"):
+        with pytest.raises(ScaffoldSetupFailed, match="run infra/setup.sh"):
+            get_scaffold(name, install_dir=tmp_path).mounts()
+
+
+async def test_claude_code_agent_timeout_is_an_outcome(sandbox_for, scripted_proxy):
+    scaffold = get_scaffold("claude-code")
+    require_cli(scaffold)
+    # The backend takes longer than the agent may run.
+    proxy, _ = await scripted_proxy([Reply("too late", delay_s=15)])
+    _, _, ctx, beats = await _context(sandbox_for, proxy, scaffold, timeout_s=8)
+
+    result = await scaffold.run(ctx)
+
+    assert result.timed_out and result.duration_s < 8 + 10
+    assert summarize_stream(result.stdout).result_subtype is None  # killed before any result
+    assert beats and beats[0]["scaffold"] == "claude-code" and "output_lines" in beats[0]

@@ -1,0 +1,146 @@
+"""Shared plumbing for scaffolds that are host-installed CLIs run inside the sandbox.
+
+The CLIs (Claude Code, OpenCode) are installed once per host by `infra/setup.sh` with npm
+into `<repo>/.cache/scaffolds/node_modules`; each npm package brings a self-contained native
+linux-x64 binary (no node needed in the sandbox). A scaffold bind-mounts that one file
+read-only at `/opt/trialflow/bin/<name>` (`cli_mount`) and runs it there (`run_cli`).
+
+`run_cli` runs the agent command through `Sandbox.exec` under the agent timeout, with its
+stdout/stderr redirected to files under `AGENT_LOG_DIR` inside the sandbox, so that:
+- a concurrent poll can count output lines and call `ctx.heartbeat` while the agent runs
+  (exec itself only returns at the end);
+- the logs survive in the sandbox for debugging; they are copied to `ctx.log_dir` when set.
+The agent's timeout is an outcome (`ScaffoldResult.timed_out`), never an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trialflow.errors import SandboxPathNotFound, ScaffoldSetupFailed, TrialflowError
+from trialflow.sandbox.base import Mount
+from trialflow.scaffolds.base import ScaffoldContext, ScaffoldResult
+
+DEFAULT_INSTALL_DIR = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "node_modules"
+MOUNT_DIR = "/opt/trialflow/bin"
+AGENT_LOG_DIR = "/logs/agent"
+HEARTBEAT_POLL_S = 5.0
+
+
+def find_binary(install_dir: Path, candidates: Sequence[str], *, what: str) -> Path:
+    """First existing executable file among `install_dir/candidate`.
+
+    Raises `ScaffoldSetupFailed` naming every path tried (the host lacks the install:
+    run infra/setup.sh).
+    """
+    for rel in candidates:
+        path = install_dir / rel
+        if path.is_file():
+            return path.resolve()
+    tried = ", ".join(str(install_dir / rel) for rel in candidates)
+    raise ScaffoldSetupFailed(f"{what} binary not found (tried {tried}); run infra/setup.sh")
+
+
+def cli_mount(binary: Path, name: str) -> Mount:
+    return Mount(source=str(binary), target=f"{MOUNT_DIR}/{name}", read_only=True)
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """One agent command. `argv[0]` is the in-sandbox binary; `home` is created (writable)
+    by the agent's own user before the command runs."""
+
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    home: str
+
+    @property
+    def stdout_path(self) -> str:
+        return f"{AGENT_LOG_DIR}/{self.name}.stdout.txt"
+
+    @property
+    def stderr_path(self) -> str:
+        return f"{AGENT_LOG_DIR}/{self.name}.stderr.txt"
+
+    def script(self) -> str:
+        cmd = " ".join(shlex.quote(a) for a in self.argv)
+        # `exec` so the in-sandbox timeout's kill reaches the agent itself; stdin from
+        # /dev/null so no CLI waits for piped input.
+        return (
+            f"mkdir -p {shlex.quote(self.home)} {AGENT_LOG_DIR} && "
+            f"exec {cmd} < /dev/null > {self.stdout_path} 2> {self.stderr_path}"
+        )
+
+
+async def check_mounted(ctx: ScaffoldContext, binary: str, user: str | int | None) -> None:
+    """Raise `ScaffoldSetupFailed` when `binary` is not executable inside the sandbox
+    (the sandbox was created without this scaffold's `mounts()`)."""
+    res = await ctx.sandbox.exec(["test", "-x", binary], timeout_s=30, user=user)
+    if not res.ok:
+        raise ScaffoldSetupFailed(
+            f"{binary} is not executable in sandbox {ctx.sandbox.id}; create the sandbox with the "
+            "scaffold's mounts()"
+        )
+
+
+async def _count_lines(ctx: ScaffoldContext, path: str) -> int | None:
+    try:
+        res = await ctx.sandbox.exec(["bash", "-c", f"wc -l < {shlex.quote(path)}"], timeout_s=15)
+    except TrialflowError:
+        return None  # the agent exec reports a lost sandbox; a poll must not hide that
+    try:
+        return int(res.stdout.strip()) if res.ok else None
+    except ValueError:
+        return None
+
+
+async def _read_logs(ctx: ScaffoldContext, run: CliRun) -> tuple[str, str]:
+    with tempfile.TemporaryDirectory(prefix="trialflow-agent-logs-") as tmp:
+        texts = []
+        for remote in (run.stdout_path, run.stderr_path):
+            try:
+                local = await ctx.sandbox.download(remote, tmp)
+            except SandboxPathNotFound:
+                texts.append("")
+                continue
+            texts.append(local.read_text(encoding="utf-8", errors="replace"))
+            if ctx.log_dir is not None:
+                ctx.log_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copy(local, ctx.log_dir / local.name)
+    return texts[0], texts[1]
+
+
+async def run_cli(
+    ctx: ScaffoldContext, run: CliRun, *, user: str | int | None, poll_s: float = HEARTBEAT_POLL_S
+) -> ScaffoldResult:
+    """Run `run` in the sandbox; see the module docstring. Infra errors propagate."""
+    started = time.monotonic()
+    agent = asyncio.create_task(
+        ctx.sandbox.exec(run.script(), timeout_s=ctx.timeout_s, env={**run.env, **ctx.env}, user=user)
+    )
+    try:
+        while True:
+            done, _ = await asyncio.wait({agent}, timeout=poll_s)
+            if done:
+                break
+            lines = await _count_lines(ctx, run.stdout_path)
+            ctx.heartbeat({"scaffold": run.name, "output_lines": lines, "elapsed_s": round(time.monotonic() - started, 1)})
+        res = agent.result()
+    finally:
+        if not agent.done():  # cancelled from outside: the exec's own timeout still kills the agent
+            agent.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await agent
+    stdout, stderr = await _read_logs(ctx, run)
+    if res.stderr.strip():  # the wrapper's own complaints (mkdir, missing binary) go here
+        stderr = f"{stderr}\n{res.stderr}" if stderr else res.stderr
+    return ScaffoldResult(res.exit_code, res.timed_out, stdout, stderr, time.monotonic() - started)

@@ -1,0 +1,165 @@
+"""`claude-code`: Anthropic's Claude Code CLI, pointed at the trial's proxy session.
+
+The host-installed native binary (npm `@anthropic-ai/claude-code` 2.1.x, platform package
+`@anthropic-ai/claude-code-linux-x64/claude`) is bind-mounted read-only at
+`/opt/trialflow/bin/claude` and run in the task's workdir as the task's agent user::
+
+    claude -p --dangerously-skip-permissions --output-format stream-json --verbose
+           --model <model> [--max-turns N] -- <instruction>
+
+with `ANTHROPIC_BASE_URL` = the session's Anthropic URL, a dummy `ANTHROPIC_API_KEY`,
+telemetry/nonessential traffic/autoupdate off, `IS_SANDBOX=1` (Claude Code refuses
+`--dangerously-skip-permissions` as root otherwise) and a fresh writable `HOME` (it writes
+`~/.claude.json` and `~/.claude/`; no onboarding flags are needed in print mode).
+
+Outcome: the CLI's exit code as is (0 = a `result` event with subtype "success"; 1 for
+`error_max_turns` / `error_during_execution`), stdout = the stream-json events, and
+`summarize_stream` reads the final `result` event. An unreachable proxy makes the CLI retry
+with backoff (`CLAUDE_CODE_MAX_RETRIES`, default here 2), so a dead proxy ends the run with
+an API error instead of hanging until the agent timeout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trialflow.errors import ScaffoldSetupFailed
+from trialflow.sandbox.base import Mount
+from trialflow.scaffolds._cli import DEFAULT_INSTALL_DIR, MOUNT_DIR, CliRun, check_mounted, cli_mount, find_binary, run_cli
+from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
+
+BINARY_CANDIDATES = (
+    "@anthropic-ai/claude-code-linux-x64/claude",
+    "@anthropic-ai/claude-code-linux-x64-musl/claude",
+    "@anthropic-ai/claude-code/bin/claude.exe",  # the postinstall hard link to the same binary
+)
+IN_SANDBOX = f"{MOUNT_DIR}/claude"
+HOME = "/tmp/trialflow/claude-home"
+
+
+@dataclass(frozen=True)
+class StreamSummary:
+    """What a stream-json run ended with. `result_subtype` None: no `result` event (the
+    CLI crashed or was killed). `bad_lines` counts non-JSON stdout lines."""
+
+    events: int
+    assistant_messages: int
+    tool_uses: int
+    result_subtype: str | None
+    is_error: bool | None
+    num_turns: int | None
+    result_text: str | None
+    bad_lines: int
+
+
+def summarize_stream(stdout: str) -> StreamSummary:
+    """Fold the stream-json lines of one `claude -p` run (pure; tolerant of junk lines)."""
+    events = assistant = tools = bad = 0
+    result: dict | None = None
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if not isinstance(event, dict):
+            bad += 1
+            continue
+        events += 1
+        if event.get("type") == "assistant":
+            assistant += 1
+            content = (event.get("message") or {}).get("content") or []
+            tools += sum(1 for block in content if isinstance(block, dict) and block.get("type") == "tool_use")
+        elif event.get("type") == "result":
+            result = event
+    return StreamSummary(
+        events=events,
+        assistant_messages=assistant,
+        tool_uses=tools,
+        result_subtype=result.get("subtype") if result else None,
+        is_error=result.get("is_error") if result else None,
+        num_turns=result.get("num_turns") if result else None,
+        result_text=result.get("result") if result else None,
+        bad_lines=bad,
+    )
+
+
+def claude_argv(instruction: str, model: str, max_turns: int | None, extra_args: Sequence[str] = ()) -> list[str]:
+    argv = [
+        IN_SANDBOX, "-p",
+        "--dangerously-skip-permissions",
+        "--output-format", "stream-json", "--verbose",
+        "--model", model,
+    ]
+    if max_turns is not None:
+        argv += ["--max-turns", str(max_turns)]
+    # After `--`, an instruction starting with "-" is still the prompt.
+    return [*argv, *extra_args, "--", instruction]
+
+
+def claude_env(base_url: str, model: str, *, max_retries: int, api_timeout_s: float | None) -> dict[str, str]:
+    env = {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "trialflow",  # the proxy authenticates by the secret in the URL
+        # Background/side requests (titles, summaries) use the same served model.
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "IS_SANDBOX": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "CLAUDE_CODE_MAX_RETRIES": str(max_retries),
+        "HOME": HOME,
+    }
+    if api_timeout_s is not None:
+        # A CPU-served turn can take minutes; never let the client give up before the agent timeout.
+        env["API_TIMEOUT_MS"] = str(int(api_timeout_s * 1000))
+    return env
+
+
+class ClaudeCodeScaffold(Scaffold):
+    """Options: `max_turns` (None: the CLI's own default, unbounded), `max_retries` (client
+    retries per request), `install_dir` (host npm node_modules), `extra_args` (appended)."""
+
+    name = "claude-code"
+    needs_model = True
+
+    def __init__(
+        self,
+        *,
+        max_turns: int | None = None,
+        max_retries: int = 2,
+        install_dir: str | Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.max_turns = max_turns
+        self.max_retries = max_retries
+        self.install_dir = Path(install_dir) if install_dir else DEFAULT_INSTALL_DIR
+        self.extra_args = tuple(extra_args)
+
+    def mounts(self) -> Sequence[Mount]:
+        return (cli_mount(find_binary(self.install_dir, BINARY_CANDIDATES, what="Claude Code"), "claude"),)
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        if not ctx.anthropic_base_url or not ctx.model:
+            raise ScaffoldSetupFailed("claude-code needs the proxy session's anthropic_base_url and a model")
+        user = ctx.task.config.agent.user
+        await check_mounted(ctx, IN_SANDBOX, user)
+        run = CliRun(
+            name="claude-code",
+            argv=claude_argv(ctx.instruction or "", ctx.model, self.max_turns, self.extra_args),
+            env=claude_env(ctx.anthropic_base_url, ctx.model, max_retries=self.max_retries, api_timeout_s=ctx.timeout_s),
+            home=HOME,
+        )
+        result = await run_cli(ctx, run, user=user)
+        summary = summarize_stream(result.stdout)
+        if ctx.log_dir is not None:
+            ctx.log_dir.mkdir(parents=True, exist_ok=True)
+            (ctx.log_dir / "claude-code.summary.json").write_text(json.dumps(summary.__dict__, indent=2))
+        return result

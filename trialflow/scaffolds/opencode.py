@@ -1,0 +1,168 @@
+"""`opencode`: the OpenCode CLI, pointed at the trial's proxy session (OpenAI protocol).
+
+The host-installed native binary (npm `opencode-ai` 1.18.x, platform package
+`opencode-linux-x64/bin/opencode`) is bind-mounted read-only at `/opt/trialflow/bin/opencode`
+and run in the task's workdir as the task's agent user::
+
+    opencode run --pure --format json -- <instruction>
+
+Configuration goes in through `OPENCODE_CONFIG_CONTENT` (nothing is written into the task's
+workdir): one custom provider `trialflow` using the `@ai-sdk/openai-compatible` provider,
+whose `baseURL` is the session's OpenAI URL. OpenCode 1.18 bundles that provider package in
+its binary, so nothing is downloaded at run time for it. It still asks the npm registry for
+plugin metadata on start (`@opencode-ai/plugin`; `--pure` and
+`OPENCODE_DISABLE_DEFAULT_PLUGINS` do not stop the lookup); without network that lookup
+fails and the run goes on. `small_model` is the same model, so the title request that
+OpenCode sends first also goes to the proxy (and is recorded as a turn).
+
+Outcome: the CLI's exit code as is (1 on an API error, which also appears as a `{"type":
+"error"}` event on stdout); stdout = the JSON events; `summarize_events` folds them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trialflow.errors import ScaffoldSetupFailed
+from trialflow.sandbox.base import Mount
+from trialflow.scaffolds._cli import DEFAULT_INSTALL_DIR, MOUNT_DIR, CliRun, check_mounted, cli_mount, find_binary, run_cli
+from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
+
+BINARY_CANDIDATES = (
+    "opencode-linux-x64/bin/opencode",
+    "opencode-linux-x64-baseline/bin/opencode",  # for CPUs without AVX2
+    "opencode-ai/bin/opencode.exe",
+)
+IN_SANDBOX = f"{MOUNT_DIR}/opencode"
+HOME = "/tmp/trialflow/opencode-home"
+PROVIDER_ID = "trialflow"
+
+
+@dataclass(frozen=True)
+class EventSummary:
+    """Fold of `opencode run --format json` output. `errors` holds each error event's
+    message; `last_finish_reason` is the reason of the last finished step (None: none)."""
+
+    events: int
+    steps: int
+    tool_uses: int
+    errors: tuple[str, ...]
+    last_finish_reason: str | None
+    bad_lines: int
+
+
+def summarize_events(stdout: str) -> EventSummary:
+    events = steps = tools = bad = 0
+    errors: list[str] = []
+    reason = None
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if not isinstance(event, dict):
+            bad += 1
+            continue
+        events += 1
+        kind = event.get("type")
+        part = event.get("part") if isinstance(event.get("part"), dict) else {}
+        if kind == "step_finish":
+            steps += 1
+            reason = part.get("reason")
+        elif kind == "tool_use":
+            tools += 1
+        elif kind == "error":
+            err = event.get("error") or {}
+            data = err.get("data") if isinstance(err, dict) else None
+            message = data.get("message") if isinstance(data, dict) else None
+            errors.append(str(message or err))
+    return EventSummary(events, steps, tools, tuple(errors), reason, bad)
+
+
+def opencode_config(
+    base_url: str, model: str, *, context_limit: int | None = None, output_limit: int | None = None
+) -> dict[str, Any]:
+    """The `opencode.json` content for one session. Limits None: OpenCode's defaults
+    (it then asks for 32000 output tokens per request)."""
+    model_cfg: dict[str, Any] = {"name": model, "tool_call": True}
+    if context_limit is not None or output_limit is not None:
+        model_cfg["limit"] = {"context": context_limit or 0, "output": output_limit or 0}
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            PROVIDER_ID: {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "trialflow proxy",
+                "options": {"baseURL": base_url, "apiKey": "trialflow"},
+                "models": {model: model_cfg},
+            }
+        },
+        "model": f"{PROVIDER_ID}/{model}",
+        "small_model": f"{PROVIDER_ID}/{model}",
+        "autoupdate": False,
+        "share": "disabled",
+        "permission": {"*": "allow"},  # no one answers prompts in a sandbox
+    }
+
+
+def opencode_env(config: dict[str, Any]) -> dict[str, str]:
+    return {
+        "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        "HOME": HOME,
+    }
+
+
+class OpenCodeScaffold(Scaffold):
+    """Options: `context_limit` / `output_limit` (tokens, for the model entry), `install_dir`
+    (host npm node_modules), `extra_args` (appended after `run`)."""
+
+    name = "opencode"
+    needs_model = True
+
+    def __init__(
+        self,
+        *,
+        context_limit: int | None = None,
+        output_limit: int | None = None,
+        install_dir: str | Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.context_limit = context_limit
+        self.output_limit = output_limit
+        self.install_dir = Path(install_dir) if install_dir else DEFAULT_INSTALL_DIR
+        self.extra_args = tuple(extra_args)
+
+    def mounts(self) -> Sequence[Mount]:
+        return (cli_mount(find_binary(self.install_dir, BINARY_CANDIDATES, what="OpenCode"), "opencode"),)
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        if not ctx.openai_base_url or not ctx.model:
+            raise ScaffoldSetupFailed("opencode needs the proxy session's openai_base_url and a model")
+        user = ctx.task.config.agent.user
+        await check_mounted(ctx, IN_SANDBOX, user)
+        config = opencode_config(
+            ctx.openai_base_url, ctx.model, context_limit=self.context_limit, output_limit=self.output_limit
+        )
+        run = CliRun(
+            name="opencode",
+            argv=[IN_SANDBOX, "run", "--pure", "--format", "json", *self.extra_args, "--", ctx.instruction or ""],
+            env=opencode_env(config),
+            home=HOME,
+        )
+        result = await run_cli(ctx, run, user=user)
+        if ctx.log_dir is not None:
+            ctx.log_dir.mkdir(parents=True, exist_ok=True)
+            (ctx.log_dir / "opencode.summary.json").write_text(json.dumps(asdict(summarize_events(result.stdout)), indent=2))
+        return result
