@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from infra.process import (
     BinaryNotFoundError,
@@ -113,7 +113,7 @@ def temporal_answers(address: str) -> bool:
     try:
         _run_async(_connect(), timeout_s=10)
         return True
-    except Exception:  # any connect failure means "not ready yet"
+    except Exception:  # noqa: BLE001 - a probe: any connect failure means "not ready yet"
         return False
 
 
@@ -123,14 +123,15 @@ def ensure_search_attributes(
     """Register any of `attributes` missing on the server (used for reused servers,
     which were not started with our `--search-attribute` flags)."""
     from temporalio.api.enums.v1 import IndexedValueType
-    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+    from temporalio.api.operatorservice.v1 import (
+        AddSearchAttributesRequest,
+        ListSearchAttributesRequest,
+    )
     from temporalio.client import Client
 
     async def _ensure() -> None:
         client = await Client.connect(address, namespace=namespace)
-        listed = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=namespace)
-        )
+        listed = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
         missing = {
             name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
             for name, kind in attributes.items()
@@ -198,10 +199,12 @@ def s3_client(endpoint_url: str) -> Any:
 
 
 def s3_answers(endpoint_url: str) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         s3_client(endpoint_url).list_buckets()
         return True
-    except Exception:  # connection refused, 5xx while the filer starts: not ready
+    except (BotoCoreError, ClientError):  # connection refused, 5xx while the filer starts: not ready
         return False
 
 
@@ -275,6 +278,7 @@ def managed_containers(client: Any, label: str = MANAGED_LABEL) -> list[Any]:
 
 def docker_answers() -> bool:
     import docker
+    import requests
 
     try:
         client = docker.DockerClient(base_url=DOCKER_SOCKET, timeout=5)
@@ -282,7 +286,7 @@ def docker_answers() -> bool:
             return bool(client.ping())
         finally:
             client.close()
-    except Exception:  # socket missing or daemon still starting
+    except (docker.errors.DockerException, requests.RequestException, OSError):  # socket missing / starting
         return False
 
 
@@ -451,7 +455,7 @@ class EmbeddedInfra:
                 return service.endpoint
         raise LookupError(f"{name} is not running in this EmbeddedInfra (call start() first)")
 
-    def start(self) -> EmbeddedInfra:
+    def start(self) -> Self:
         """Start everything; on any failure, stop what this call started and re-raise."""
         logs = self.state_dir / "logs"
         try:
@@ -482,7 +486,7 @@ class EmbeddedInfra:
                 service.stop()
         self.services.clear()
 
-    def __enter__(self) -> EmbeddedInfra:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from infra import BinaryNotFoundError, ManagedProcess, ServiceStartError, free_port, log_tail, port_open
+from infra import (
+    BinaryNotFoundError,
+    ManagedProcess,
+    ServiceStartError,
+    free_port,
+    log_tail,
+    port_open,
+)
 
 
 def _gone(pid: int) -> bool:

@@ -28,6 +28,7 @@ from infra import (
     start_vllm,
     temporal_answers,
     vllm_answers,
+    vllm_python,
 )
 
 
@@ -240,3 +241,27 @@ def test_public_exports_are_pinned() -> None:
             "start_temporal", "start_vllm", "temporal_answers", "vllm_answers", "vllm_python",
         ]
     )  # fmt: skip
+
+
+def test_embedded_infra_reuses_a_running_vllm(
+    tmp_path: Path, vllm_url: str, vllm_model_name: str, tiny_model_dir: Path
+) -> None:
+    vllm_port = int(vllm_url.rsplit(":", 1)[1])
+    ports = InfraPorts(temporal=free_port(), temporal_ui=free_port(), s3=free_port(), vllm=vllm_port)
+    embedded = EmbeddedInfra(
+        tmp_path, ports=ports, model_dir=tiny_model_dir, served_model_name=vllm_model_name, docker=False
+    )
+    with embedded:
+        assert embedded.vllm_urls == [vllm_url]
+        assert [(s.name, s.owned) for s in embedded.services] == [
+            ("temporal", True), ("seaweedfs", True), ("vllm", False),
+        ]  # fmt: skip
+    assert vllm_answers(vllm_url, vllm_model_name)  # not ours: still serving
+
+
+def test_vllm_python_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRIALFLOW_VLLM_PYTHON", raising=False)
+    assert vllm_python() == infra.REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    monkeypatch.setenv("TRIALFLOW_VLLM_PYTHON", "/opt/vllm/bin/python")
+    assert vllm_python() == Path("/opt/vllm/bin/python")
+    assert vllm_python("/explicit/python") == Path("/explicit/python")
