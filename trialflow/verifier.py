@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +33,6 @@ TESTS_DIR = "/tests"
 VERIFIER_LOG_DIR = "/logs/verifier"
 REWARD_JSON = f"{VERIFIER_LOG_DIR}/reward.json"
 REWARD_TXT = f"{VERIFIER_LOG_DIR}/reward.txt"
-_MISSING = "\0missing\0"
 
 
 @dataclass(frozen=True)
@@ -108,12 +106,10 @@ def parse_rewards(json_text: str | None, txt_text: str | None) -> dict[str, floa
 
 
 async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
-    # `cat` as root: the verifier user may have written the file with a restrictive umask.
-    res = await sandbox.exec(f"if [ -f {shlex.quote(path)} ]; then cat {shlex.quote(path)}; "
-                             f"else printf '%s' {shlex.quote(_MISSING)}; fi", user="0", timeout_s=60)
-    if res.stdout == _MISSING or res.exit_code != 0:
-        return None
-    return res.stdout
+    """Content of `path`, or None when it is not a regular file. Read as root: the verifier
+    user may have written it with a restrictive umask."""
+    res = await sandbox.exec(["sh", "-c", 'test -f "$1" && cat "$1"', "sh", path], user="0", timeout_s=60)
+    return res.stdout if res.exit_code == 0 else None
 
 
 async def run_verifier(sandbox: Sandbox, task: Task, *, timeout_s: float | None = None,

@@ -1,8 +1,11 @@
 """Fixtures for trialflow's sandbox/verifier/scaffold tests (real Docker engine).
 
     base_image      ensures `trialflow-base:bookworm` exists (debootstrap on first use)
-    backend         a DockerBackend whose containers carry a label unique to this test,
-                    so its `reap()` can never touch containers of other sessions
+    make_backend    factory of DockerBackends, each with a label unique to it, so its `reap()`
+                    never touches containers of other sessions; at teardown it fails the test
+                    if any container of those labels is left behind (scoped, unlike the global
+                    `no_leaked_containers`, which other sessions sharing the engine can trip)
+    backend         `make_backend()`
     sandbox_for     async factory: `await sandbox_for(task)` -> started sandbox, stopped at teardown
     fixture_task    path of a task under tests/trialflow/fixtures/tasks
 """
@@ -31,16 +34,34 @@ def base_image(docker_client) -> str:
 
 
 @pytest.fixture
-def backend(docker_client, base_image) -> Iterator:
+def make_backend(docker_client, base_image) -> Iterator:
     from trialflow.sandbox import DockerBackend
 
-    be = DockerBackend(docker_client, labels={"trialflow.test_run": uuid.uuid4().hex})
-    yield be
-    be.close()
+    made: list[DockerBackend] = []
+
+    def make(**kwargs) -> DockerBackend:
+        be = DockerBackend(docker_client, labels={"trialflow.test_run": uuid.uuid4().hex}, **kwargs)
+        made.append(be)
+        return be
+
+    yield make
+    leaked = []
+    for be in made:
+        scope = [f"{k}={v}" for k, v in be.labels.items()]
+        for c in docker_client.containers.list(all=True, filters={"label": scope}):
+            leaked.append(c.name)
+            c.remove(force=True)
+        be.close()
+    assert not leaked, f"containers left behind: {leaked}"
 
 
 @pytest.fixture
-async def sandbox_for(backend, no_leaked_containers) -> AsyncIterator:
+def backend(make_backend):
+    return make_backend()
+
+
+@pytest.fixture
+async def sandbox_for(backend) -> AsyncIterator:
     made = []
 
     async def make(task: Task, **kwargs):

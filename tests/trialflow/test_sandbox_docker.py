@@ -10,7 +10,7 @@ import pytest
 
 from tests.trialflow.conftest import EXAMPLES, fixture_task
 from trialflow.errors import ImageBuildFailed, ImageBuildTimeout, ImageUnavailable, SandboxLost, SandboxPathNotFound
-from trialflow.sandbox import LABEL_CREATED_AT, LABEL_MANAGED, LABEL_TRIAL_ID, DockerBackend, Mount, reap_containers
+from trialflow.sandbox import LABEL_CREATED_AT, LABEL_MANAGED, LABEL_TRIAL_ID, Mount, reap_containers
 from trialflow.sandbox.docker import resolve_env
 from trialflow.tasks import load_task
 
@@ -82,8 +82,8 @@ async def test_exec_env_user_workdir(sandbox_for):
     assert res.stdout == "/tmp nobody\n"
 
 
-async def test_output_is_capped_keeping_the_tail(docker_client, base_image, no_leaked_containers):
-    be = DockerBackend(docker_client, labels={"trialflow.test_run": uuid.uuid4().hex}, output_cap_bytes=1000)
+async def test_output_is_capped_keeping_the_tail(make_backend):
+    be = make_backend(output_cap_bytes=1000)
     sb = await be.create(load_task(EXAMPLES / "create-file"), trial_id="cap")
     try:
         await sb.start()
@@ -93,7 +93,6 @@ async def test_output_is_capped_keeping_the_tail(docker_client, base_image, no_l
         assert res.stdout.count("a") < 1100
     finally:
         await sb.stop()
-        be.close()
 
 
 async def test_upload_download_roundtrip(tmp_path, sandbox_for):
@@ -182,7 +181,7 @@ async def test_attach_refuses_unmanaged_container(docker_client, backend, base_i
         c.remove(force=True)
 
 
-async def test_broken_dockerfile_raises_with_log_tail(backend, no_leaked_containers):
+async def test_broken_dockerfile_raises_with_log_tail(backend):
     task = load_task(fixture_task("broken-dockerfile"))
     with pytest.raises(ImageBuildFailed) as exc:
         await backend.create(task, trial_id="broken")
@@ -192,7 +191,7 @@ async def test_broken_dockerfile_raises_with_log_tail(backend, no_leaked_contain
     assert "non-zero code: 7" in str(exc.value)
 
 
-async def test_build_timeout(backend, docker_client, no_leaked_containers):
+async def test_build_timeout(backend):
     task = load_task(fixture_task("slow-build"))
     t0 = time.monotonic()
     with pytest.raises(ImageBuildTimeout) as exc:
@@ -210,11 +209,11 @@ async def test_missing_prebuilt_image_is_unavailable(tmp_path, backend):
         await backend.ensure_image(task)
 
 
-async def test_reaper_removes_only_old_managed_containers_of_its_scope(docker_client, backend, no_leaked_containers):
+async def test_reaper_removes_only_old_managed_containers_of_its_scope(docker_client, backend, make_backend):
     task = load_task(EXAMPLES / "create-file")
     leaked = await backend.create(task, trial_id="leak-1")
     await leaked.start()
-    other = DockerBackend(docker_client, labels={"trialflow.test_run": uuid.uuid4().hex})
+    other = make_backend()
     bystander = await other.create(task, trial_id="other-scope")
     try:
         assert (await backend.reap(3600)).removed == []  # young: kept
@@ -228,7 +227,6 @@ async def test_reaper_removes_only_old_managed_containers_of_its_scope(docker_cl
         assert (await other.reap(0)).removed == [bystander.id]
     finally:
         await bystander.stop()
-        other.close()
 
 
 def test_resolve_env_templates():
