@@ -50,7 +50,9 @@ Rules (all decided in ``prepare``; ``commit`` only records):
 6. A failed generation is simply never committed. ``commit`` raises ``StalePreparedTurn`` if
    the segment changed since ``prepare`` (the session serializes turns, so this is a bug).
 
-Known limits: a client retrying a request the proxy already committed (same messages, no new
+Known limits: conversations are kept in the tracker, not in the trajectory, so a tracker
+built over a recovered trajectory opens a new segment for the next request of each thread.
+A client retrying a request the proxy already committed (same messages, no new
 assistant message) does not extend, so it opens a new segment; a side conversation that uses
 the main thread's exact system prompt is recorded as a (rewritten) main segment.
 """
@@ -59,10 +61,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolSpec, assistant_message
+from proxy.errors import InvalidRequest
 from proxy.trajectory import SegmentHeader, SegmentKind, Trajectory, TrajectoryError, TurnDelta, TurnRecord
 
 
@@ -172,7 +176,10 @@ class ConversationTracker:
         self.template_kwargs = dict(template_kwargs or {})
         self.eos_text: str = tokenizer.eos_token
         self.eos_id: int = tokenizer.convert_tokens_to_ids(self.eos_text)
-        self._main_key: str | None = None
+        # A tracker resumed over a recovered trajectory keeps its main thread, but not the
+        # conversations: the next request of each thread opens a new segment.
+        self._main_key: str | None = next(
+            (s.system_key for s in self.trajectory.segments if s.kind == "main"), None)
         self._recorded: dict[int, _Recorded] = {}
 
     # ------------------------------------------------------------------ rendering
@@ -191,8 +198,13 @@ class ConversationTracker:
     # ------------------------------------------------------------------ prepare
 
     def prepare(self, request: ChatRequest) -> PreparedTurn:
-        """Decide segment and prompt ids for ``request`` (does not change any state)."""
+        """Decide segment and prompt ids for ``request`` (does not change any state).
+
+        Raises ``proxy.errors.InvalidRequest`` for a request without messages.
+        """
         messages = list(request.messages)
+        if not messages:
+            raise InvalidRequest("messages must not be empty", param="messages")
         tools = tuple(request.tools or ())
         key = system_key(messages)
         kind: SegmentKind = "main" if self._main_key in (None, key) else "side"

@@ -54,8 +54,9 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -183,7 +184,7 @@ class Mark:
     turns: int
     response_lens: tuple[int, ...]
 
-    EMPTY: ClassVar["Mark"]
+    EMPTY: ClassVar[Mark]
 
 
 Mark.EMPTY = Mark(0, ())
@@ -381,7 +382,7 @@ class Trajectory:
         return seg
 
     @classmethod
-    def from_checkpoints(cls, payloads: Sequence[bytes]) -> "Trajectory":
+    def from_checkpoints(cls, payloads: Sequence[bytes]) -> Trajectory:
         """Rebuild from a full payload or a chain of deltas (the first continues the empty state)."""
         if not payloads:
             raise TrajectoryError("no checkpoints")
@@ -396,7 +397,7 @@ class Trajectory:
         return traj
 
     @classmethod
-    def from_bytes(cls, payload: bytes) -> "Trajectory":
+    def from_bytes(cls, payload: bytes) -> Trajectory:
         return cls.from_checkpoints([payload])
 
 

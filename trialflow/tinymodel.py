@@ -47,6 +47,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -132,7 +133,7 @@ CHAT_TEMPLATE = r"""
 
 # --------------------------------------------------------------------------- corpus
 
-_WORDS = (
+_WORDS = (  # noqa: SIM905 (a word list reads better as one string)
     "the a an of to in and or for with on at by from is are was be this that it file run test "
     "build error fix code function value return list dict string number user agent model token "
     "task step output input path directory command shell python json config server request "
@@ -141,7 +142,7 @@ _WORDS = (
     "can must not if then else when while because so we you they he she our your their please "
     "let me look see found missing failed passed works need want use using used make add remove"
 ).split()
-_IDENTS = (
+_IDENTS = (  # noqa: SIM905
     "self args kwargs result value items path name data config request response tokens ids "
     "messages tool_calls content reasoning session segment prompt_ids logprobs mask out_dir "
     "parser parse_output trajectory turn count offset buf line text error exc i j k n x y"
@@ -155,10 +156,10 @@ _SHELL = (
     "docker ps -a", "cp config.yaml config.yaml.bak", "apt-get update && apt-get install -y curl",
 )
 _PY = (
-    "def {a}({b}, {c}=None):\n    \"\"\"Return the {w} of {b}.\"\"\"\n    if {c} is None:\n        {c} = []\n"
-    "    for {d} in {b}:\n        {c}.append({d})\n    return {c}\n",
-    "class {A}:\n    def __init__(self, {b}: int = {n}) -> None:\n        self.{b} = {b}\n\n"
-    "    def __repr__(self) -> str:\n        return f\"{A}({{self.{b}!r}})\"\n",
+    ("def {a}({b}, {c}=None):\n    \"\"\"Return the {w} of {b}.\"\"\"\n    if {c} is None:\n        {c} = []\n"
+     "    for {d} in {b}:\n        {c}.append({d})\n    return {c}\n"),
+    ("class {A}:\n    def __init__(self, {b}: int = {n}) -> None:\n        self.{b} = {b}\n\n"
+     "    def __repr__(self) -> str:\n        return f\"{A}({{self.{b}!r}})\"\n"),
     "import os\nimport sys\nfrom pathlib import Path\n\n{a} = Path(os.environ.get(\"{B}\", \"/tmp\"))\n",
     "try:\n    {a} = json.loads({b})\nexcept ValueError as exc:\n    raise RuntimeError(f\"bad {w}: {{exc}}\")\n",
     "with open({a}, \"r\", encoding=\"utf-8\") as f:\n    for {d} in f:\n        print({d}.strip())\n",
@@ -176,10 +177,11 @@ def _corpus(rng: random.Random) -> list[str]:
     for _ in range(1500):
         docs.append("$ " + rng.choice(_SHELL) + "\n" + rng.choice(_SHELL))
     for _ in range(2000):
-        pick = lambda: rng.choice(_IDENTS)  # noqa: E731
-        docs.append(rng.choice(_PY).format(
-            a=pick(), b=pick(), c=pick(), d=pick(), w=rng.choice(_WORDS),
-            A=pick().title().replace("_", ""), B=pick().upper(), n=rng.randint(0, 4096),
+        template = rng.choice(_PY)
+        a, b, c, d = (rng.choice(_IDENTS) for _ in range(4))
+        docs.append(template.format(
+            a=a, b=b, c=c, d=d, w=rng.choice(_WORDS),
+            A=rng.choice(_IDENTS).title().replace("_", ""), B=rng.choice(_IDENTS).upper(), n=rng.randint(0, 4096),
         ))
     for _ in range(2000):
         args = {rng.choice(_IDENTS): rng.choice([rng.randint(0, 999), rng.choice(_SHELL), True, None])
@@ -200,7 +202,7 @@ def _read_marker(out_dir: Path) -> dict | None:
         return None
 
 
-def _publish(tmp: Path, out_dir: Path, complete: "callable") -> None:
+def _publish(tmp: Path, out_dir: Path, complete: Callable[[dict | None], bool]) -> None:
     """Move a fully built ``tmp`` to ``out_dir``; a concurrent builder may have won the race."""
     if out_dir.exists() and not complete(_read_marker(out_dir)):
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -242,7 +244,7 @@ def _train_tokenizer(dest: Path) -> None:
     fast.save_pretrained(dest)
 
 
-def build_tokenizer(out_dir: Path) -> "PreTrainedTokenizerFast":
+def build_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
     """Build (or reuse) the tokenizer in ``out_dir`` and return it loaded.
 
     If ``out_dir`` already holds a tokenizer (or a full model) from this builder version it is
@@ -251,7 +253,9 @@ def build_tokenizer(out_dir: Path) -> "PreTrainedTokenizerFast":
     from transformers import AutoTokenizer
 
     out_dir = Path(out_dir)
-    ok = lambda m: bool(m) and m.get("version") == BUILDER_VERSION  # noqa: E731
+    def ok(marker: dict | None) -> bool:
+        return bool(marker) and marker.get("version") == BUILDER_VERSION
+
     if not ok(_read_marker(out_dir)):
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -261,7 +265,7 @@ def build_tokenizer(out_dir: Path) -> "PreTrainedTokenizerFast":
     return AutoTokenizer.from_pretrained(out_dir)
 
 
-def _model_config(tokenizer: "PreTrainedTokenizerFast"):
+def _model_config(tokenizer: PreTrainedTokenizerFast):
     from transformers import Qwen3Config
 
     vocab = -(-len(tokenizer) // 64) * 64
@@ -293,8 +297,9 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
     out_dir = Path(out_dir)
-    ok = lambda m: (bool(m) and m.get("version") == BUILDER_VERSION  # noqa: E731
-                    and m.get("seed") == seed and "model" in m.get("parts", ()))
+    def ok(marker: dict | None) -> bool:
+        return (bool(marker) and marker.get("version") == BUILDER_VERSION
+                and marker.get("seed") == seed and "model" in marker.get("parts", ()))
     if ok(_read_marker(out_dir)):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -315,7 +320,7 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     return out_dir
 
 
-def build_tiny_moe_config(vocab_size: int = VOCAB_SIZE) -> "Qwen3MoeConfig":
+def build_tiny_moe_config(vocab_size: int = VOCAB_SIZE) -> Qwen3MoeConfig:
     """A tiny Qwen3-MoE config (no weights) for the scripted backend's routed-experts shapes."""
     from transformers import Qwen3MoeConfig
 

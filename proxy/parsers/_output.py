@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from proxy.chat import ParsedOutput, ToolCall, ToolSpec
 from proxy.parsers._reasoning import ReasoningParser

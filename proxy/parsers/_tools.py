@@ -116,8 +116,8 @@ class Qwen3CoderToolParser(_BlockToolParser):
             if inner[pos:param.start()].strip():  # stray text between parameters
                 return None
             key, raw = param.group(1).strip(), param.group(2)
-            raw = raw[1:] if raw.startswith("\n") else raw
-            raw = raw[:-1] if raw.endswith("\n") else raw
+            raw = raw.removeprefix("\n")
+            raw = raw.removesuffix("\n")
             args[key] = raw if key in as_string else _json_or_str(raw)
             pos = param.end()
         if inner[pos:].strip():  # unclosed parameter or junk after the last one

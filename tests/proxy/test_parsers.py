@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, Registry, parse_output
-
 
 # ------------------------------------------------------------------ registry
 
@@ -54,7 +53,7 @@ def test_think_split(text, reasoning, rest):
 # ------------------------------------------------------------------ tool parsers: shared suite
 
 # The shared suite runs the same hypothesis tests once per subclass, on purpose.
-_SHARED = dict(deadline=None, suppress_health_check=[HealthCheck.differing_executors])
+_SHARED = {"deadline": None, "suppress_health_check": [HealthCheck.differing_executors]}
 
 
 class ToolParserSuite:
@@ -65,7 +64,7 @@ class ToolParserSuite:
     def call(self, name: str, args: dict[str, Any]) -> str:
         raise NotImplementedError
 
-    malformed: list[str] = []
+    malformed: ClassVar[list[str]] = []
 
     def parse(self, text: str, **kw):
         ids = iter(range(1000))
@@ -132,7 +131,7 @@ class ToolParserSuite:
 
 class TestHermes(ToolParserSuite):
     name = "hermes"
-    malformed = [
+    malformed: ClassVar[list[str]] = [
         "<tool_call>\n{not json}\n</tool_call>",
         '<tool_call>\n{"arguments": {"a": 1}}\n</tool_call>',  # missing name
         '<tool_call>\n{"name": "", "arguments": {}}\n</tool_call>',
@@ -151,7 +150,7 @@ class TestHermes(ToolParserSuite):
 
 class TestQwen3Coder(ToolParserSuite):
     name = "qwen3_coder"
-    malformed = [
+    malformed: ClassVar[list[str]] = [
         "<tool_call>\n<function=>\n</function>\n</tool_call>",  # empty name
         "<tool_call>\n<parameter=a>\n1\n</parameter>\n</tool_call>",  # no function
         "<tool_call>\n<function=X>\n<parameter=a>\n1\n</function>\n</tool_call>",  # unclosed parameter

@@ -243,11 +243,11 @@ def test_any_checkpoint_schedule_rebuilds_the_trajectory(turns):
         if choice >= n_segs:
             prompt = [1, 2]
             n_after = len(prompt) + len(gen)
-            delta_kw = dict(new_segment=SegmentHeader("side", False, "k", prompt))
+            delta_kw = {"new_segment": SegmentHeader("side", False, "k", prompt)}
             env = []
         else:
             n_after = len(t.segments[choice]) + len(env) + len(gen)
-            delta_kw = dict(env_ids=env)
+            delta_kw = {"env_ids": env}
         ex = None if top is None else rng.integers(0, top, size=(n_after - 1, L, K))
         idx = min(choice, n_segs)
         t.apply(TurnDelta(record=rec(idx), gen_ids=gen, gen_logprobs=[-1.0] * len(gen), routed_experts=ex, **delta_kw))

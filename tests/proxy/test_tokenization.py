@@ -1,0 +1,324 @@
+"""proxy.tokenization: extension exactness, routing, rewritten history, EOS repair, invariants.
+
+The "model" here is the template itself: each generation is the tokenized text the template
+would render for an assistant message, so the recorded sequence can be checked against a
+render of the whole conversation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolCall, assistant_message
+from proxy.errors import InvalidRequest
+from proxy.parsers import parse_output
+from proxy.tokenization import ConversationTracker, InvariantViolation, StalePreparedTurn, TurnInfo, system_key
+
+TOOLS = [{"type": "function", "function": {
+    "name": "Bash", "description": "Run a command.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: Path):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+class Model:
+    """Scripted generations: the tokens of the template's text for the intended reply."""
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+        self.ids = (f"call_{i}" for i in itertools.count())
+
+    def generate(self, prepared, reply: ParsedOutput, *, finish: str = "stop", experts: tuple[int, int] | None = None,
+                 cut: int | None = None) -> tuple[Generation, ParsedOutput]:
+        s = self.tok.apply_chat_template([assistant_message(reply)], tokenize=False)
+        body = s.removeprefix("<|im_start|>assistant\n").removesuffix("<|im_end|>\n")
+        ids = self.tok.encode(body, add_special_tokens=False)
+        ids = ids[:cut] if cut is not None else ids + [self.tok.eos_token_id]
+        routed = None
+        if experts is not None:
+            routed = np.full((len(prepared.prompt_ids) + len(ids) - 1, *experts), 3, dtype=np.int32)
+        gen = Generation(prompt_token_ids=list(prepared.prompt_ids), token_ids=ids,
+                         logprobs=[-0.125] * len(ids), finish_reason=finish, routed_experts=routed, replica="r0")
+        text = self.tok.decode(ids, skip_special_tokens=True)
+        return gen, parse_output(text, tool_call_id_factory=lambda: next(self.ids), tool_specs=TOOLS)
+
+
+def req(messages: list[Message], tools=TOOLS, **kw) -> ChatRequest:
+    return ChatRequest(protocol="anthropic", messages=[dict(m) for m in messages], tools=tools, **kw)
+
+
+def run_turn(tracker, model, messages, reply, tools=TOOLS, **gen_kw):
+    prepared = tracker.prepare(req(messages, tools))
+    gen, parsed = model.generate(prepared, reply, **gen_kw)
+    tracker.commit(prepared, gen, parsed, TurnInfo(started_at=1.0, latency_s=0.25))
+    return prepared, gen, parsed
+
+
+def bash(cmd: str, i: int = 0) -> ToolCall:
+    return ToolCall(id=f"x{i}", name="Bash", arguments={"command": cmd})
+
+
+def render(tok, messages, tools=TOOLS, gen=False) -> str:
+    return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen)
+
+
+# ------------------------------------------------------------------ extension
+
+def test_multi_turn_extension_is_token_exact(tok):
+    tracker, model = ConversationTracker(tok, session_id="s"), Model(tok)
+    msgs: list[Message] = [SYSTEM, {"role": "user", "content": "List the files."}]
+    replies = [
+        ParsedOutput(content="Listing.", reasoning="I should run ls.", tool_calls=[bash("ls -la")]),
+        ParsedOutput(content="", reasoning="Two files; read one.", tool_calls=[bash("cat a.txt", 1), bash("wc b", 2)]),
+        ParsedOutput(content="Done: a.txt holds hello."),
+    ]
+    followups = [
+        [{"role": "tool", "tool_call_id": "?", "content": "a.txt\nb.txt"}],
+        [{"role": "tool", "content": "hello"}, {"role": "tool", "content": "3 b"},
+         {"role": "system", "content": "<system-reminder>be brief</system-reminder>"},
+         {"role": "user", "content": "And then?"}],
+        [],
+    ]
+    prev_full: list[int] | None = None
+    generated: list[list[int]] = []
+    for reply, more in zip(replies, followups):
+        prepared, gen, parsed = run_turn(tracker, model, msgs, reply)
+        assert prepared.segment_index == 0
+        if prev_full is not None:
+            assert prepared.extends and prepared.prompt_ids[: len(prev_full)] == prev_full
+            assert prepared.env_ids == prepared.prompt_ids[len(prev_full):]
+        assert parsed.reasoning == reply.reasoning and parsed.content == reply.content
+        prev_full = prepared.prompt_ids + gen.token_ids
+        generated.append(gen.token_ids)
+        msgs = msgs + [assistant_message(parsed)] + more
+    (seg,) = tracker.trajectory.segments
+    assert seg.full_ids == prev_full and seg.kind == "main" and not seg.rewritten
+    # mask marks exactly the generated tokens, in order; logprobs only there
+    assert [t for t, m in zip(seg.response_ids, seg.response_mask) if m] == [t for g in generated for t in g]
+    assert seg.response_ids[: len(generated[0])] == generated[0]
+    assert all((lp != 0.0) == bool(m) for lp, m in zip(seg.response_logprobs, seg.response_mask))
+    # the whole record is the conversation as the template renders it
+    assert tok.decode(seg.full_ids) + "\n" == render(tok, msgs)
+    turns = tracker.trajectory.turns
+    assert [t.tool_calls for t in turns] == [1, 2, 0]
+    assert turns[0].env_tokens_added == 0 and all(t.env_tokens_added > 0 for t in turns[1:])
+    assert turns[1].prompt_tokens == len(seg.prompt_ids) + len(generated[0]) + turns[1].env_tokens_added
+
+
+def test_reserialized_arguments_changed_ids_and_dropped_reasoning_still_extend(tok):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "go"}]
+    _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(
+        content="ok  ", reasoning="think first", tool_calls=[bash("ls", 0)]))
+    echoed = assistant_message(parsed)
+    echoed.pop("reasoning_content")  # OpenAI clients drop reasoning
+    echoed["content"] = "ok \n"  # trailing whitespace differs
+    echoed["tool_calls"] = [{"id": "toolu_other", "type": "function",
+                             "function": {"name": "Bash", "arguments": json.dumps({"command": "ls"}, indent=2)}}]
+    prepared = tracker.prepare(req(msgs + [echoed, {"role": "tool", "content": "x"}]))
+    assert prepared.extends and prepared.segment_index == 0
+    assert tok.decode(prepared.env_ids) == (
+        "\n<|im_start|>user\n<tool_response>\nx\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_different_reasoning_or_arguments_do_not_extend(tok):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "go"}]
+    _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="", reasoning="r", tool_calls=[bash("ls")]))
+    for change in ({"reasoning_content": "other"},
+                   {"tool_calls": [{"id": "1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "pwd"}}}]}):
+        echoed = {**assistant_message(parsed), **change}
+        prepared = tracker.prepare(req(msgs + [echoed, {"role": "user", "content": "next"}]))
+        assert not prepared.extends and prepared.new_segment.rewritten
+
+
+def test_edited_history_opens_rewritten_main_segment(tok):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "first"}]
+    run_turn(tracker, model, msgs, ParsedOutput(content="one"))
+    compacted = [SYSTEM, {"role": "user", "content": "Summary of the conversation so far: ..."}]
+    prepared, gen, _ = run_turn(tracker, model, compacted, ParsedOutput(content="two"))
+    assert prepared.segment_index == 1 and prepared.env_ids == [] and prepared.base_len == 0
+    assert prepared.prompt_ids == tok.encode(render(tok, compacted, gen=True), add_special_tokens=False)
+    seg = tracker.trajectory.segments[1]
+    assert (seg.kind, seg.rewritten) == ("main", True)
+    assert seg.response_mask == [1] * len(gen.token_ids)  # no logprobs invented for the prompt
+    # the rewritten thread is the one that extends now
+    nxt = tracker.prepare(req(compacted + [{"role": "assistant", "content": "two"}, {"role": "user", "content": "go"}]))
+    assert nxt.extends and nxt.segment_index == 1
+
+
+def test_side_segments_route_by_system_prompt(tok):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    main = [SYSTEM, {"role": "user", "content": "fix the bug"}]
+    _, _, p_main = run_turn(tracker, model, main, ParsedOutput(content="", tool_calls=[bash("ls")]))
+    agent_sys = {"role": "system", "content": "You are a search sub-agent."}
+    sub_a = [agent_sys, {"role": "user", "content": "find foo"}]
+    sub_b = [agent_sys, {"role": "user", "content": "find bar"}]
+    pa, _, p_a = run_turn(tracker, model, sub_a, ParsedOutput(content="found foo"))
+    pb, _, _ = run_turn(tracker, model, sub_b, ParsedOutput(content="found bar"))
+    assert (pa.kind, pa.segment_index, pb.kind, pb.segment_index) == ("side", 1, "side", 2)
+    assert pa.system_key == pb.system_key == system_key(sub_a) != system_key(main)
+    # sub-agent A continues its own segment although B's is newer
+    pa2 = tracker.prepare(req(sub_a + [assistant_message(p_a), {"role": "user", "content": "more"}]))
+    assert pa2.extends and pa2.segment_index == 1
+    # the main thread still extends segment 0
+    pm = tracker.prepare(req(main + [assistant_message(p_main), {"role": "tool", "content": "x"}]))
+    assert pm.extends and pm.segment_index == 0 and pm.kind == "main"
+    segs = tracker.trajectory.segments
+    assert [(s.kind, s.rewritten) for s in segs] == [("main", False), ("side", False), ("side", False)]
+
+
+def test_finish_by_length_inserts_eos(tok):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "write a lot"}]
+    _, gen, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="a long answer that was cut"),
+                              finish="length", cut=4)
+    assert gen.token_ids[-1] != tok.eos_token_id
+    prepared = tracker.prepare(req(msgs + [assistant_message(parsed), {"role": "user", "content": "continue"}]))
+    assert prepared.extends and prepared.env_ids[0] == tok.eos_token_id
+    assert tok.decode(prepared.env_ids).startswith("<|im_end|>\n<|im_start|>user\ncontinue")
+    assert tracker.trajectory.counters.overlong == 1
+
+
+def test_changed_tools_open_new_segment(tok):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "hi"}]
+    _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="hello"))
+    more = msgs + [assistant_message(parsed), {"role": "user", "content": "again"}]
+    assert tracker.prepare(req(more)).extends
+    assert not tracker.prepare(req(more, tools=TOOLS + [{"type": "function", "function": {"name": "Read"}}])).extends
+
+
+def test_thinking_flag_only_changes_the_generation_prompt(tok):
+    tracker, model = ConversationTracker(tok, template_kwargs={"enable_thinking": True}), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "hi"}]
+    prepared = tracker.prepare(req(msgs, thinking=False))
+    assert tok.decode(prepared.prompt_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    gen, parsed = model.generate(prepared, ParsedOutput(content="hello"))
+    tracker.commit(prepared, gen, parsed)
+    nxt = tracker.prepare(req(msgs + [assistant_message(parsed), {"role": "user", "content": "x"}]))
+    assert nxt.extends and tok.decode(nxt.prompt_ids).endswith("x<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_routed_experts_are_stored_per_token(tok):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "hi"}]
+    _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="hello"), experts=(2, 4))
+    run_turn(tracker, model, msgs + [assistant_message(parsed), {"role": "user", "content": "x"}],
+             ParsedOutput(content="bye"), experts=(2, 4))
+    seg = tracker.trajectory.segments[0]
+    assert seg.routed_experts.shape == (len(seg), 2, 4) and seg.routed_experts.dtype == np.uint8
+    assert (seg.routed_experts[-1] == 255).all() and (seg.routed_experts[:-1] == 3).all()
+
+
+# ------------------------------------------------------------------ invariants and purity
+
+def test_prepare_does_not_mutate_and_count_tokens_matches(tok):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "hi"}]
+    _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="hello"))
+    before = tracker.trajectory.to_bytes()
+    r = req(msgs + [assistant_message(parsed), {"role": "user", "content": "x"}])
+    a, b = tracker.prepare(r), tracker.prepare(r)
+    assert a == b and tracker.count_tokens(r) == len(a.prompt_ids)
+    assert tracker.trajectory.to_bytes() == before
+
+
+def test_stale_prepare_and_prompt_mismatch_raise(tok):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "hi"}]
+    _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="hello"))
+    r = req(msgs + [assistant_message(parsed), {"role": "user", "content": "x"}])
+    p1, p2 = tracker.prepare(r), tracker.prepare(r)
+    gen, parsed2 = model.generate(p1, ParsedOutput(content="a"))
+    bad = Generation(prompt_token_ids=p1.prompt_ids[:-1], token_ids=gen.token_ids, logprobs=gen.logprobs,
+                     finish_reason="stop")
+    with pytest.raises(InvariantViolation):
+        tracker.commit(p1, bad, parsed2)
+    tracker.commit(p1, gen, parsed2)
+    with pytest.raises(StalePreparedTurn):
+        tracker.commit(p2, gen, parsed2)
+    assert len(tracker.trajectory.turns) == 2
+
+
+def test_empty_messages_are_an_invalid_request(tok):
+    with pytest.raises(InvalidRequest):
+        ConversationTracker(tok).prepare(req([]))
+
+
+# ------------------------------------------------------------------ property: random agent loops
+
+_word = st.text("abcdefgh ", min_size=1, max_size=10).map(str.strip).filter(bool)
+_reply = st.builds(
+    lambda content, reasoning, cmds: ParsedOutput(
+        content=content, reasoning=reasoning, tool_calls=[bash(c, i) for i, c in enumerate(cmds)]),
+    st.one_of(st.just(""), _word), st.one_of(st.none(), _word), st.lists(_word, max_size=2))
+_echo = st.fixed_dictionaries({"drop_reasoning": st.booleans(), "string_args": st.booleans(),
+                               "new_ids": st.booleans(), "pad": st.sampled_from(["", " ", "\n"])})
+_followup = st.lists(st.one_of(
+    st.builds(lambda t: {"role": "user", "content": t}, _word),
+    st.builds(lambda t: {"role": "system", "content": t}, _word),
+), max_size=2)
+
+
+def echo(msg: Message, how: dict) -> Message:
+    out = dict(msg)
+    if how["drop_reasoning"]:
+        out.pop("reasoning_content", None)
+    out["content"] = out["content"] + how["pad"]
+    calls = []
+    for i, tc in enumerate(out.get("tool_calls") or ()):
+        fn = dict(tc["function"])
+        if how["string_args"]:
+            fn["arguments"] = json.dumps(fn["arguments"], separators=(",", ":"))
+        calls.append({**tc, "id": f"toolu_{i}" if how["new_ids"] else tc["id"], "function": fn})
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(_reply, _echo, _followup), min_size=1, max_size=5))
+def test_random_agent_loops_stay_in_one_exact_segment(tok, script):
+    tracker, model = ConversationTracker(tok), Model(tok)
+    sent = [SYSTEM, {"role": "user", "content": "start"}]  # what the client sends
+    truth = list(sent)  # what the proxy returned
+    n_generated = 0
+    for reply, how, follow in script:
+        prepared, gen, parsed = run_turn(tracker, model, sent, reply)
+        assert prepared.segment_index == 0
+        n_generated += len(gen.token_ids)
+        results = [{"role": "tool", "tool_call_id": c.id, "content": f"out {c.arguments['command']}"}
+                   for c in parsed.tool_calls]
+        extra = results + follow if results or follow else [{"role": "user", "content": "go on"}]
+        sent = sent + [echo(assistant_message(parsed), how)] + extra
+        truth = truth + [assistant_message(parsed)] + extra
+    (seg,) = tracker.trajectory.segments
+    assert sum(seg.response_mask) == n_generated
+    assert tok.decode(seg.full_ids) + "\n" == render(tok, truth[: len(truth) - len(extra)])
+
+
+def test_tracker_over_recovered_trajectory_keeps_the_main_thread(tok):
+    tracker, model = ConversationTracker(tok, session_id="s"), Model(tok)
+    msgs = [SYSTEM, {"role": "user", "content": "hi"}]
+    _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="hello"))
+    from proxy.trajectory import Trajectory
+
+    resumed = ConversationTracker(tok, trajectory=Trajectory.from_bytes(tracker.trajectory.to_bytes()))
+    nxt = resumed.prepare(req(msgs + [assistant_message(parsed), {"role": "user", "content": "x"}]))
+    assert not nxt.extends and nxt.kind == "main" and nxt.new_segment.rewritten
+    side = resumed.prepare(req([{"role": "system", "content": "title generator"}, {"role": "user", "content": "x"}]))
+    assert side.kind == "side"
