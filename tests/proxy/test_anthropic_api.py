@@ -278,7 +278,9 @@ def test_stop_reasons(out, reason, sequence):
 
 
 def test_text_block_rules():
-    blocks = lambda o: [b["type"] for b in api.build_message(o, model="m", message_id="i")["content"]]  # noqa: E731
+    def blocks(o: TurnOutcome) -> list[str]:
+        return [b["type"] for b in api.build_message(o, model="m", message_id="i")["content"]]
+
     assert blocks(outcome("")) == []
     assert blocks(outcome("\n\n")) == ["text"]
     assert blocks(outcome("\n\n", calls=[ToolCall("t", "f", {})])) == ["tool_use"]
