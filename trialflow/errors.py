@@ -34,6 +34,13 @@ non_retryable=not e.retryable)`; `NON_RETRYABLE_TYPES` lists the names for a `Re
 from __future__ import annotations
 
 
+class _PlainMessage:
+    """For KeyError subclasses: KeyError's __str__ would repr() the message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""  # type: ignore[attr-defined]
+
+
 class TrialflowError(Exception):
     """Base of every pipeline error. `retryable` is the retry rule for the whole subtree
     unless a subclass overrides it."""
@@ -129,13 +136,10 @@ class ScaffoldError(TrialflowError):
     """Failures of the agent scaffold layer (not the agent's own exit code)."""
 
 
-class UnknownScaffold(ScaffoldError, KeyError):
+class UnknownScaffold(_PlainMessage, ScaffoldError, KeyError):
     """No scaffold registered under that name; the message lists the names available."""
 
     retryable = False
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
 
 
 class ScaffoldSetupFailed(ScaffoldError):
@@ -150,13 +154,10 @@ class StorageError(TrialflowError):
     retryable = True
 
 
-class ObjectNotFound(StorageError, KeyError):
+class ObjectNotFound(_PlainMessage, StorageError, KeyError):
     """The key or URI does not exist in the store."""
 
     retryable = False
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 def _all_subclasses(cls: type) -> list[type]:

@@ -21,6 +21,9 @@ the command's process group; exit 137). If the output stream stays open past the
 plus a grace period (a daemonized child holding stdout), the exec is abandoned on the host
 side and reported as timed out with empty output. Blocking SDK calls run on the backend's
 own thread pool, not asyncio's default one, so long agent execs cannot starve other calls.
+
+Task images must provide `sleep` and `timeout` (coreutils or busybox), plus `bash` for
+string commands; every image built `FROM trialflow-base:bookworm` has them.
 """
 
 from __future__ import annotations
