@@ -31,6 +31,7 @@ from proxy.errors import (
     ReplicaUnavailable,
     SessionBusy,
 )
+from tests.proxy._strategies import json_values, mostly, short
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EVENT = TypeAdapter(RawMessageStreamEvent)
@@ -340,11 +341,6 @@ def test_echoed_message_parses_back_to_the_assistant_message():
     assert api.parse_messages_request(echo_request(msg)).messages[-1] == assistant_message(TOOL_OUTCOME.parsed)
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
-    max_leaves=8,
-)
 tool_calls = st.lists(
     st.builds(ToolCall, id=st.from_regex(r"toolu_[A-Za-z0-9]{4,12}", fullmatch=True), name=st.from_regex(r"[A-Za-z_]{1,10}", fullmatch=True),
               arguments=st.dictionaries(st.text(max_size=8), json_values, max_size=4)),
@@ -375,12 +371,6 @@ def test_property_arbitrary_json_is_a_request_or_a_400(body):
     check_parse(body)
 
 
-def mostly(good: st.SearchStrategy) -> st.SearchStrategy:
-    """``good`` values, or now and then any JSON value in their place."""
-    return st.one_of(good, good, good, json_values)
-
-
-short = st.text(max_size=4)
 block = st.fixed_dictionaries(
     {"type": mostly(st.sampled_from(["text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image", "zzz"]))},
     optional={"text": mostly(short), "id": mostly(short), "name": mostly(short), "tool_use_id": mostly(short),

@@ -28,6 +28,7 @@ from proxy.errors import (
     ReplicaUnavailable,
     SessionBusy,
 )
+from tests.proxy._strategies import json_values, mostly, short
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -309,11 +310,6 @@ def test_echoed_message_parses_back_to_the_assistant_message():
     assert api.parse_chat_request(echo_request(body)).messages[-1] == assistant_message(TOOL_OUTCOME.parsed)
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
-    max_leaves=8,
-)
 parsed_outputs = st.builds(
     ParsedOutput,
     content=st.text(max_size=60),
@@ -341,11 +337,6 @@ def test_property_stream_fold_and_echo_round_trip(parsed, finish, chunk):
     assert api.parse_chat_request(echo_request(body)).messages[-1] == assistant_message(parsed)
 
 
-def mostly(good: st.SearchStrategy) -> st.SearchStrategy:
-    return st.one_of(good, good, good, json_values)
-
-
-short = st.text(max_size=4)
 part = st.fixed_dictionaries({"type": mostly(st.sampled_from(["text", "image_url", "refusal"]))}, optional={"text": mostly(short)})
 valid_ish = st.fixed_dictionaries(
     {"model": mostly(short),
