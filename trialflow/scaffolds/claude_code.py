@@ -24,12 +24,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 from trialflow.errors import ScaffoldSetupFailed
-from trialflow.sandbox.base import Mount
-from trialflow.scaffolds._cli import DEFAULT_INSTALL_DIR, MOUNT_DIR, CliRun, check_mounted, cli_mount, find_binary, run_cli
-from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
+from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold
+from trialflow.scaffolds.base import ScaffoldContext
 
 BINARY_CANDIDATES = (
     "@anthropic-ai/claude-code-linux-x64/claude",
@@ -123,43 +122,29 @@ def claude_env(base_url: str, model: str, *, max_retries: int, api_timeout_s: fl
     return env
 
 
-class ClaudeCodeScaffold(Scaffold):
+class ClaudeCodeScaffold(CliScaffold):
     """Options: `max_turns` (None: the CLI's own default, unbounded), `max_retries` (client
-    retries per request), `install_dir` (host npm node_modules), `extra_args` (appended)."""
+    retries per request), plus `CliScaffold`'s `install_dir` and `extra_args`."""
 
     name = "claude-code"
     needs_model = True
+    binary = "claude"
+    candidates = BINARY_CANDIDATES
 
-    def __init__(
-        self,
-        *,
-        max_turns: int | None = None,
-        max_retries: int = 2,
-        install_dir: str | Path | None = None,
-        extra_args: Sequence[str] = (),
-    ) -> None:
+    def __init__(self, *, max_turns: int | None = None, max_retries: int = 2, **options: Any) -> None:
+        super().__init__(**options)
         self.max_turns = max_turns
         self.max_retries = max_retries
-        self.install_dir = Path(install_dir) if install_dir else DEFAULT_INSTALL_DIR
-        self.extra_args = tuple(extra_args)
 
-    def mounts(self) -> Sequence[Mount]:
-        return (cli_mount(find_binary(self.install_dir, BINARY_CANDIDATES, what="Claude Code"), "claude"),)
-
-    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+    def command(self, ctx: ScaffoldContext) -> CliRun:
         if not ctx.anthropic_base_url or not ctx.model:
             raise ScaffoldSetupFailed("claude-code needs the proxy session's anthropic_base_url and a model")
-        user = ctx.task.config.agent.user
-        await check_mounted(ctx, IN_SANDBOX, user)
-        run = CliRun(
-            name="claude-code",
+        return CliRun(
+            name=self.name,
             argv=claude_argv(ctx.instruction or "", ctx.model, self.max_turns, self.extra_args),
             env=claude_env(ctx.anthropic_base_url, ctx.model, max_retries=self.max_retries, api_timeout_s=ctx.timeout_s),
             home=HOME,
         )
-        result = await run_cli(ctx, run, user=user)
-        summary = summarize_stream(result.stdout)
-        if ctx.log_dir is not None:
-            ctx.log_dir.mkdir(parents=True, exist_ok=True)
-            (ctx.log_dir / "claude-code.summary.json").write_text(json.dumps(summary.__dict__, indent=2))
-        return result
+
+    def summarize(self, stdout: str) -> StreamSummary:
+        return summarize_stream(stdout)

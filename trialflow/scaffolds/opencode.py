@@ -22,15 +22,12 @@ Outcome: the CLI's exit code as is (1 on an API error, which also appears as a `
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from trialflow.errors import ScaffoldSetupFailed
-from trialflow.sandbox.base import Mount
-from trialflow.scaffolds._cli import DEFAULT_INSTALL_DIR, MOUNT_DIR, CliRun, check_mounted, cli_mount, find_binary, run_cli
-from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
+from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold
+from trialflow.scaffolds.base import ScaffoldContext
 
 BINARY_CANDIDATES = (
     "opencode-linux-x64/bin/opencode",
@@ -124,45 +121,33 @@ def opencode_env(config: dict[str, Any]) -> dict[str, str]:
     }
 
 
-class OpenCodeScaffold(Scaffold):
-    """Options: `context_limit` / `output_limit` (tokens, for the model entry), `install_dir`
-    (host npm node_modules), `extra_args` (appended after `run`)."""
+class OpenCodeScaffold(CliScaffold):
+    """Options: `context_limit` / `output_limit` (tokens, for the model entry), plus
+    `CliScaffold`'s `install_dir` and `extra_args`."""
 
     name = "opencode"
     needs_model = True
+    binary = "opencode"
+    candidates = BINARY_CANDIDATES
 
-    def __init__(
-        self,
-        *,
-        context_limit: int | None = None,
-        output_limit: int | None = None,
-        install_dir: str | Path | None = None,
-        extra_args: Sequence[str] = (),
-    ) -> None:
+    def __init__(self, *, context_limit: int | None = None, output_limit: int | None = None, **options: Any) -> None:
+        super().__init__(**options)
         self.context_limit = context_limit
         self.output_limit = output_limit
-        self.install_dir = Path(install_dir) if install_dir else DEFAULT_INSTALL_DIR
-        self.extra_args = tuple(extra_args)
 
-    def mounts(self) -> Sequence[Mount]:
-        return (cli_mount(find_binary(self.install_dir, BINARY_CANDIDATES, what="OpenCode"), "opencode"),)
-
-    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+    def command(self, ctx: ScaffoldContext) -> CliRun:
         if not ctx.openai_base_url or not ctx.model:
             raise ScaffoldSetupFailed("opencode needs the proxy session's openai_base_url and a model")
-        user = ctx.task.config.agent.user
-        await check_mounted(ctx, IN_SANDBOX, user)
         config = opencode_config(
             ctx.openai_base_url, ctx.model, context_limit=self.context_limit, output_limit=self.output_limit
         )
-        run = CliRun(
-            name="opencode",
+        return CliRun(
+            name=self.name,
+            # After `--`, an instruction starting with "-" is still the message.
             argv=[IN_SANDBOX, "run", "--pure", "--format", "json", *self.extra_args, "--", ctx.instruction or ""],
             env=opencode_env(config),
             home=HOME,
         )
-        result = await run_cli(ctx, run, user=user)
-        if ctx.log_dir is not None:
-            ctx.log_dir.mkdir(parents=True, exist_ok=True)
-            (ctx.log_dir / "opencode.summary.json").write_text(json.dumps(asdict(summarize_events(result.stdout)), indent=2))
-        return result
+
+    def summarize(self, stdout: str) -> EventSummary:
+        return summarize_events(stdout)

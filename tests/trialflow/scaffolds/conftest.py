@@ -35,7 +35,8 @@ async def scripted_proxy(tiny_model_dir) -> AsyncIterator:
 
     started: list = []
 
-    async def make(script: list, default=Reply("Done.")):
+    async def make(script: list, default=None):
+        default = default if default is not None else Reply("Done.")
         tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
         vllm = await ScriptedVLLM(tokenizer=tok, script=list(script), default=default, model="tiny",
                                   max_model_len=CONTEXT).start()

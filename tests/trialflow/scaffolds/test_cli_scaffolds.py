@@ -83,7 +83,7 @@ async def test_claude_code_turn_limit_is_a_nonzero_result(sandbox_for, scripted_
     scaffold = get_scaffold("claude-code", max_turns=1)
     require_cli(scaffold)
     proxy, _ = await scripted_proxy([Reply(hermes_call("Bash", {"command": "true", "description": "noop"}))])
-    task, _, ctx, _ = await _context(sandbox_for, proxy, scaffold)
+    _, _, ctx, _ = await _context(sandbox_for, proxy, scaffold)
 
     result = await scaffold.run(ctx)
 
@@ -96,7 +96,7 @@ async def test_claude_code_against_a_closed_session_ends_with_an_api_error(sandb
     scaffold = get_scaffold("claude-code", max_turns=3, max_retries=0)
     require_cli(scaffold)
     proxy, vllm = await scripted_proxy([])
-    task, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, timeout_s=120)
+    _, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, timeout_s=120)
     await proxy.close_session(handle.session_id)  # every request now answers 404
 
     result = await scaffold.run(ctx)
