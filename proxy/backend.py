@@ -202,6 +202,22 @@ class VLLMClient:
         except BackendProtocolError as exc:
             raise BackendProtocolError(f"{self.url}: {exc}", replica=self.url) from None
 
+    async def max_model_len(self, timeout_s: float = 5.0) -> int | None:
+        """The served model's ``max_model_len`` from ``GET /v1/models``; None if the replica
+        does not answer or does not report it. Never raises."""
+        try:
+            async with self._session().get(
+                f"{self.url}/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                data = await resp.json() if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+        try:
+            value = data["data"][0]["max_model_len"]  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            return None
+        return value if isinstance(value, int) and value > 0 else None
+
     async def healthy(self, timeout_s: float = 5.0) -> bool:
         """True when ``GET /health`` answers 200 within ``timeout_s``; never raises."""
         try:

@@ -47,6 +47,7 @@ class Replica:
     served: int = 0
     failures: int = 0
     order: int = 0
+    max_model_len: int | None = None
 
 
 @dataclass
@@ -162,6 +163,15 @@ class ReplicaPool:
             if rep.up != ok:
                 log.info("replica %s is now %s", rep.url, "up" if ok else "down")
             rep.up = ok
+
+    async def context_limit(self) -> int | None:
+        """The smallest ``max_model_len`` over the replicas (asked once per replica, on first
+        use); None when no replica reports one."""
+        missing = [r for r in self._replicas.values() if r.max_model_len is None]
+        for rep, n in zip(missing, await asyncio.gather(*(r.client.max_model_len() for r in missing))):
+            rep.max_model_len = n
+        known = [r.max_model_len for r in self._replicas.values() if r.max_model_len is not None]
+        return min(known) if known else None
 
     async def _health_loop(self) -> None:
         assert self._health_interval_s is not None

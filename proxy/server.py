@@ -81,12 +81,14 @@ class ProxyServer:
     name their own replicas. ``model_dir`` holds the tokenizer + chat template.
     ``public_host`` is the host put into session URLs (default: ``host``; set it when the
     scaffold reaches the proxy through another address, e.g. from a container).
+    ``tokenizer`` (an already loaded HF tokenizer) may be given instead of ``model_dir``.
     """
 
     def __init__(
         self,
         *,
-        model_dir: str | Path,
+        model_dir: str | Path | None = None,
+        tokenizer: Any = None,
         host: str = "127.0.0.1",
         port: int = 0,
         replicas: Iterable[str] = (),
@@ -96,9 +98,13 @@ class ProxyServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         keepalive_s: float = 5.0,
     ) -> None:
-        from transformers import AutoTokenizer  # heavy import, only when a server is built
+        if tokenizer is None:
+            if model_dir is None:
+                raise ValueError("ProxyServer needs model_dir or tokenizer")
+            from transformers import AutoTokenizer  # heavy import, only when a server is built
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tokenizer = tokenizer
         self.host, self.port = host, port
         self.public_host = public_host or host
         self.pool = pool if pool is not None else ReplicaPool(replicas)

@@ -16,7 +16,7 @@ Rules and edge cases:
   decides how to sample, not the scaffold); the client's stop sequences are honoured; the
   client's ``max_tokens``, the config's ``max_tokens`` and the context left are all upper
   bounds (None = no bound from that side).
-- No context left (prompt >= ``max_context_tokens``): ``ContextExhausted`` (400),
+- No context left (prompt >= the context limit, see ``SessionConfig``): ``ContextExhausted`` (400),
   ``counters.overlong`` += 1 and ``overlong`` is set; nothing else is recorded.
 - A failed turn (backend error, parse of the request) commits nothing; what was recorded
   before stays. Tokens are recorded as soon as the backend returns, even if the client has
@@ -39,7 +39,7 @@ from typing import Any
 from proxy.backend import CompletionRequest
 from proxy.chat import ChatRequest, FinishReason, SamplingParams, TurnOutcome
 from proxy.checkpoint import CheckpointSink
-from proxy.errors import ContextExhausted, NotFound
+from proxy.errors import ContextExhausted, NotFound, ReplicaUnavailable
 from proxy.parsers import parse_output
 from proxy.pool import ReplicaPool
 from proxy.tokenization import ConversationTracker, TurnInfo
@@ -56,12 +56,15 @@ class SessionConfig:
 
     ``replicas`` non-empty gives the session its own pool (else the server's pool serves
     it). ``reasoning_parser``/``tool_parser`` None disable that parsing stage.
+    ``max_context_tokens`` None means the replicas' ``max_model_len``; a larger value than
+    theirs is lowered to it (a prompt the backend cannot take must fail as
+    ``ContextExhausted``, not as a backend 400).
     ``template_kwargs`` go to every chat-template render (e.g. ``enable_thinking``).
     """
 
     model: str = "default"
     sampling: SamplingParams = SamplingParams()
-    max_context_tokens: int = 32768
+    max_context_tokens: int | None = None
     replicas: tuple[str, ...] = ()
     reasoning_parser: str | None = "think"
     tool_parser: str | None = "hermes"
@@ -165,11 +168,12 @@ class Session:
                 raise NotFound("unknown session")
             prepared = self.tracker.prepare(request)
             prompt_len = len(prepared.prompt_ids)
-            left = self.config.max_context_tokens - prompt_len
+            limit = await self._context_limit()
+            left = limit - prompt_len
             if left <= 0:
                 self.trajectory.note_overlong()
                 self.overlong = True
-                raise ContextExhausted(prompt_len, self.config.max_context_tokens)
+                raise ContextExhausted(prompt_len, limit)
             bounds = (request.sampling.max_tokens, self.config.sampling.max_tokens, left)
             sampling = replace(self.config.sampling, stop=request.sampling.stop)
             started = time.time()
@@ -198,6 +202,13 @@ class Session:
             await self._checkpoint()
         finish: FinishReason = "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
         return TurnOutcome(parsed, finish, prompt_len, len(gen.token_ids), stop_sequence=stop_sequence)
+
+    async def _context_limit(self) -> int:
+        backend = await self.pool.context_limit()
+        limits = [n for n in (self.config.max_context_tokens, backend) if n is not None]
+        if not limits:
+            raise ReplicaUnavailable("no replica reports max_model_len and the session sets no max_context_tokens")
+        return min(limits)
 
     async def _checkpoint(self) -> None:
         sink = self.config.checkpoint

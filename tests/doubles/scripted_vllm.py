@@ -65,6 +65,7 @@ class Abort:
 class HTTPFailure:
     status: int = 500
     message: str = "scripted failure"
+    delay_s: float = 0.0
 
 
 @dataclass
@@ -173,14 +174,14 @@ class ScriptedVLLM:
         action = self._pick(self.decode(prompt))
         if is_main:
             self.main_requests.append(body)
+        if isinstance(action, (Reply, HTTPFailure)) and action.delay_s:
+            await asyncio.sleep(action.delay_s)
         if isinstance(action, HTTPFailure):
             return web.json_response({"error": {"message": action.message, "code": action.status}}, status=action.status)
         if isinstance(action, Drop):
             assert request.transport is not None
             request.transport.close()
             raise asyncio.CancelledError  # the handler ends without a response
-        if isinstance(action, Reply) and action.delay_s:
-            await asyncio.sleep(action.delay_s)
         ids = self._ids(action)
         reason = "abort" if isinstance(action, Abort) else action.finish_reason
         if reason == "stop" and getattr(action, "eos", False):

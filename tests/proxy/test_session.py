@@ -144,6 +144,18 @@ async def test_context_exhaustion_marks_overlong(tok):
     assert s.trajectory.segments == [] and dbl.requests == []
 
 
+async def test_context_limit_comes_from_the_backend(tok):
+    async with ScriptedVLLM(tok, max_model_len=1000) as dbl:
+        for configured in (None, 10**6):
+            s = _session(tok, dbl, max_context_tokens=configured)
+            await s.run_turn(_req([{"role": "user", "content": "q"}]), new_tool_call_id=_ids())
+            assert dbl.requests[-1]["max_tokens"] == 1000 - len(dbl.requests[-1]["prompt"])
+        s = _session(tok, dbl, max_context_tokens=None)
+        with pytest.raises(ContextExhausted) as exc:
+            await s.run_turn(_req([{"role": "user", "content": "word " * 1200}]), new_tool_call_id=_ids())
+    assert exc.value.max_context_tokens == 1000
+
+
 async def test_max_tokens_bounds_and_stop_sequence(tok):
     async with ScriptedVLLM(tok, script=[Reply("alpha END")]) as dbl:
         s = _session(tok, dbl, sampling=SamplingParams(max_tokens=50))

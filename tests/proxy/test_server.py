@@ -1,0 +1,167 @@
+"""ProxyServer over HTTP (aiohttp client): management API, routing, limits, keep-alive streaming."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+
+from proxy.checkpoint import MemorySink
+from proxy.errors import NotFound
+from proxy.session import SessionConfig
+from proxy.trajectory import Trajectory
+from tests.doubles.scripted_vllm import HTTPFailure, Reply, ScriptedVLLM
+from tests.proxy._support import load_tokenizer, proxy_server
+
+ANTHROPIC = {"anthropic-version": "2023-06-01"}
+MSG = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _events(raw: str) -> list[str]:
+    return [line[len("event: "):] for line in raw.splitlines() if line.startswith("event: ")]
+
+
+async def test_management_api_roundtrip(tok):
+    async with ScriptedVLLM(tok, script=[Reply("hello")]) as dbl, proxy_server(tok, dbl.url) as srv:
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(f"{srv.base_url}/sessions", json={
+                "sampling": {"temperature": 0.5, "max_tokens": 20}, "max_context_tokens": 3000,
+                "metadata": {"trial_id": "t-1"}})
+            h = await r.json()
+            assert h["anthropic_base_url"].startswith(f"{srv.base_url}/s/{h['session_id']}/")
+            assert h["openai_base_url"] == h["anthropic_base_url"] + "/v1"
+            r = await http.post(h["anthropic_base_url"] + "/v1/messages?beta=true", json=MSG, headers=ANTHROPIC)
+            assert r.status == 200 and (await r.json())["content"][0]["text"] == "hello"
+            assert dbl.requests[0]["temperature"] == 0.5 and dbl.requests[0]["max_tokens"] == 20
+            stats = await (await http.get(f"{srv.base_url}/sessions/{h['session_id']}")).json()
+            assert stats["turns"] == 1 and stats["metadata"] == {"trial_id": "t-1"} and not stats["busy"]
+            r = await http.post(f"{srv.base_url}/sessions/{h['session_id']}/close")
+            t = Trajectory.from_bytes(await r.read())
+            assert t.counters.turns == 1 and t.segments[0].response_ids[-1] == tok.eos_token_id
+            # Closed: the protocol route and the management routes answer 404.
+            r = await http.post(h["anthropic_base_url"] + "/v1/messages", json=MSG, headers=ANTHROPIC)
+            assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
+            assert (await http.post(f"{srv.base_url}/sessions/{h['session_id']}/close")).status == 404
+            assert (await http.get(f"{srv.base_url}/sessions/{h['session_id']}")).status == 404
+            # Bad management bodies are 400s.
+            for bad in ({"sampling": {"temperature": "hot"}}, {"nope": 1}, [1], {"max_context_tokens": -1}):
+                assert (await http.post(f"{srv.base_url}/sessions", json=bad)).status == 400
+
+
+async def test_close_json_summary(tok):
+    async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        async with aiohttp.ClientSession() as http:
+            await http.post(h.openai_base_url + "/chat/completions", json=CHAT)
+            summary = await (await http.post(f"{srv.base_url}/sessions/{h.session_id}/close?format=json")).json()
+    assert summary["counters"]["turns"] == 1 and summary["segments"][0]["kind"] == "main"
+    assert summary["segments"][0]["generated_tokens"] == summary["turns"][0]["completion_tokens"]
+
+
+async def test_wrong_secret_and_unknown_routes_are_404_in_protocol_shape(tok):
+    async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        other = srv.open_session()
+        wrong = f"{srv.base_url}/s/{h.session_id}/{other.secret}/v1"
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(wrong + "/messages", json=MSG, headers=ANTHROPIC)
+            assert r.status == 404 and (await r.json())["type"] == "error"
+            r = await http.post(wrong + "/chat/completions", json=CHAT)
+            assert r.status == 404 and "error" in await r.json()
+            r = await http.get(h.openai_base_url + "/nothing/here")
+            assert r.status == 404 and "error" in await r.json()
+            r = await http.get(h.openai_base_url + "/models")
+            assert (await r.json())["data"][0]["id"] == "scripted"
+            r = await http.get(h.anthropic_base_url + "/v1/models", headers=ANTHROPIC)
+            assert (await r.json())["data"][0]["type"] == "model"
+        assert srv.session_stats(h.session_id)["turns"] == 0 and srv.session_stats(other.session_id)["turns"] == 0
+    assert dbl.requests == []
+
+
+async def test_body_limits_and_malformed_json(tok):
+    async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
+        srv.max_body_bytes = 1000
+        h = srv.open_session()
+        async with aiohttp.ClientSession() as http:
+            big = dict(MSG, messages=[{"role": "user", "content": "x" * 2000}])
+            r = await http.post(h.anthropic_base_url + "/v1/messages", json=big, headers=ANTHROPIC)
+            assert r.status == 413 and (await r.json())["error"]["type"] == "request_too_large"
+            r = await http.post(h.openai_base_url + "/chat/completions", data=b"{not json", headers={"Content-Type": "application/json"})
+            assert r.status == 400 and (await r.json())["error"]["type"] == "invalid_request_error"
+
+
+async def test_count_tokens_matches_the_prompt_sent(tok):
+    async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(h.anthropic_base_url + "/v1/messages/count_tokens",
+                                json={"model": "m", "messages": MSG["messages"]}, headers=ANTHROPIC)
+            n = (await r.json())["input_tokens"]
+            await http.post(h.anthropic_base_url + "/v1/messages", json=MSG, headers=ANTHROPIC)
+    assert n == len(dbl.requests[0]["prompt"])
+
+
+async def test_streaming_sends_keepalives_while_generating(tok):
+    async with ScriptedVLLM(tok, default=Reply("slow answer", delay_s=1.0)) as dbl, proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(h.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC)
+            events = _events(await r.text())
+            r = await http.post(h.openai_base_url + "/chat/completions", json=dict(CHAT, stream=True))
+            raw = await r.text()
+    assert events[0] == "ping" and events.count("ping") >= 2
+    assert events[events.index("message_start"):][-1] == "message_stop"
+    assert raw.startswith(": keep-alive\n\n") and raw.rstrip().endswith("data: [DONE]")
+    text = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in raw.splitlines() if line.startswith("data: {") and json.loads(line[6:])["choices"]
+    )
+    assert text == "slow answer"
+
+
+async def test_stream_errors_keep_status_when_fast_and_become_events_when_late(tok):
+    async with ScriptedVLLM(tok, script=[HTTPFailure(500, delay_s=0.4)]) as dbl:
+        async with proxy_server(tok, dbl.url, max_context_tokens=30, keepalive_s=0.1) as srv:
+            h = srv.open_session()
+            async with aiohttp.ClientSession() as http:
+                # Fast failure (context exhausted): a plain 400, as Claude Code expects.
+                long = dict(MSG, stream=True, messages=[{"role": "user", "content": "x " * 100}])
+                r = await http.post(h.anthropic_base_url + "/v1/messages", json=long, headers=ANTHROPIC)
+                body = await r.json()
+                assert r.status == 400 and "prompt is too long" in body["error"]["message"]
+                assert srv.session_stats(h.session_id)["overlong"]
+                # Late failure (the only replica answers 500 after the stream began): an error event.
+                ok = srv.open_session(SessionConfig(model="scripted"))  # limit learned from /v1/models
+                r = await http.post(ok.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC)
+                raw = await r.text()
+                assert r.status == 200 and _events(raw)[0] == "ping" and _events(raw)[-1] == "error"
+                assert '"overloaded_error"' in raw
+                # The failed turn recorded nothing; the session goes on.
+                assert srv.session_stats(ok.session_id)["turns"] == 0
+                r = await http.post(ok.openai_base_url + "/chat/completions", json=dict(CHAT, stream=True))
+                assert r.status == 200 and '"content":"OK"' in await r.text()
+                assert srv.session_stats(ok.session_id)["turns"] == 1
+
+
+async def test_sessions_are_isolated_and_checkpointed(tok):
+    sink = MemorySink()
+    async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
+        a = srv.open_session(SessionConfig(model="scripted", checkpoint=sink))
+        b = srv.open_session(SessionConfig(model="scripted", checkpoint=sink))
+        async with aiohttp.ClientSession() as http:
+            await http.post(a.openai_base_url + "/chat/completions", json=CHAT)
+            await http.post(b.openai_base_url + "/chat/completions", json=dict(CHAT, messages=[{"role": "user", "content": "other"}]))
+            await http.post(a.openai_base_url + "/chat/completions", json=CHAT)
+        ta = await srv.close_session(a.session_id)
+        assert srv.session(b.session_id).trajectory.counters.turns == 1
+        with pytest.raises(NotFound):
+            srv.session(a.session_id)
+    assert ta.counters.turns == 2
+    assert len(sink.payloads[a.session_id]) == 2 and len(sink.payloads[b.session_id]) == 1
