@@ -10,6 +10,7 @@
     │   ├── ImageBuildFailed            the Dockerfile does not build; carries the log tail (never retried)
     │   │   └── ImageBuildTimeout       build ran past [environment].build_timeout_sec  (retried: slow host)
     │   ├── ImageUnavailable            [environment].docker_image is not present locally (never retried)
+    │   ├── BaseImageUnavailable        a local base image (FROM trialflow-base) could not be made (retried)
     │   ├── SandboxStartFailed          container could not be created/started        (retried)
     │   ├── SandboxLost                 container or engine vanished mid-trial         (retried)
     │   └── SandboxPathNotFound         download() of a path that does not exist      (never retried)
@@ -98,6 +99,12 @@ class ImageUnavailable(SandboxError):
     """A prebuilt image named by the task is not present and pulls are impossible here."""
 
     retryable = False
+
+
+class BaseImageUnavailable(SandboxError):
+    """A local base image a Dockerfile needs could not be made (debootstrap, mirror down)."""
+
+    retryable = True
 
 
 class SandboxStartFailed(SandboxError):

@@ -7,7 +7,7 @@ from trialflow import errors as E
     ("cls", "retryable"),
     [
         (E.TaskInvalid, False), (E.UnsupportedEnvironment, False), (E.ImageBuildFailed, False),
-        (E.ImageBuildTimeout, True), (E.ImageUnavailable, False), (E.SandboxStartFailed, True),
+        (E.ImageBuildTimeout, True), (E.ImageUnavailable, False), (E.BaseImageUnavailable, True), (E.SandboxStartFailed, True),
         (E.SandboxLost, True), (E.SandboxPathNotFound, False), (E.VerifierTimeout, False),
         (E.RewardMissing, False), (E.UnknownScaffold, False), (E.ScaffoldSetupFailed, True),
         (E.StorageError, True), (E.ObjectNotFound, False),

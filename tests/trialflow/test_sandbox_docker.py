@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.trialflow.conftest import EXAMPLES, fixture_task
-from trialflow.errors import ImageBuildFailed, ImageBuildTimeout, ImageUnavailable, SandboxLost, SandboxPathNotFound
+from trialflow.errors import BaseImageUnavailable, ImageBuildFailed, ImageBuildTimeout, ImageUnavailable, SandboxLost, SandboxPathNotFound
 from trialflow.sandbox import LABEL_CREATED_AT, LABEL_MANAGED, LABEL_TRIAL_ID, Mount, reap_containers
-from trialflow.sandbox.docker import resolve_env
+from trialflow.sandbox.docker import dockerfile_bases, resolve_env
 from trialflow.tasks import load_task
 
 pytestmark = pytest.mark.docker
@@ -233,3 +233,38 @@ def test_resolve_env_templates():
     host = {"A": "1", "EMPTY": ""}
     env = {"x": "${A}", "y": "${B:-dflt}", "z": "${B}", "w": "pre-${A}-${EMPTY:-e}", "lit": "$A"}
     assert resolve_env(env, host) == {"x": "1", "y": "dflt", "z": "", "w": "pre-1-e", "lit": "$A"}
+
+
+def test_dockerfile_bases():
+    text = "# c\nFROM --platform=linux/amd64 trialflow-base:bookworm AS build\nRUN x\nfrom scratch\n  FROM build\n"
+    assert dockerfile_bases(text) == ["trialflow-base:bookworm", "scratch", "build"]
+
+
+async def test_missing_base_image_is_made_once(tmp_path, docker_client, make_backend):
+    import asyncio
+
+    from tests.trialflow.test_tasks import make_task
+
+    base = f"trialflow-testbase:{uuid.uuid4().hex[:8]}"
+    calls = []
+
+    def make_base(client):
+        calls.append(base)
+        client.images.get("trialflow-base:bookworm").tag(base)
+
+    be = make_backend(base_images={base: make_base, "broken-base:1": lambda c: 1 / 0})
+    tasks = [load_task(make_task(tmp_path / f"t{i}", dockerfile=f"FROM {base}\nRUN echo {i} > /n\n"))
+             for i in range(2)]
+    try:
+        infos = await asyncio.gather(*(be.ensure_image(t) for t in tasks))
+        assert calls == [base] and all(i.built for i in infos)
+        broken = load_task(make_task(tmp_path / "b", dockerfile="FROM broken-base:1\n"))
+        with pytest.raises(BaseImageUnavailable, match="ZeroDivisionError|division by zero") as exc:
+            await be.ensure_image(broken)
+        assert exc.value.retryable
+    finally:
+        for tag in [base, *(t.image_tag for t in tasks)]:
+            try:
+                docker_client.images.remove(tag, force=True)
+            except Exception:
+                pass

@@ -51,6 +51,7 @@ import requests.exceptions
 import urllib3.exceptions
 
 from trialflow.errors import (
+    BaseImageUnavailable,
     ImageBuildFailed,
     ImageBuildTimeout,
     ImageUnavailable,
@@ -70,6 +71,23 @@ T = TypeVar("T")
 EXEC_GRACE_S = 30.0          # host-side slack past an in-container timeout before abandoning
 DEFAULT_OUTPUT_CAP = 4 << 20  # bytes kept per stream (tail)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+def dockerfile_bases(text: str) -> list[str]:
+    """Images named by the FROM lines of a Dockerfile, in order (flags like --platform skipped)."""
+    return _FROM.findall(text)
+
+
+def _ensure_trialflow_base(client: docker.DockerClient) -> object:
+    from infra.base_image import ensure_base_image  # lazy: debootstrap tooling only when needed
+
+    return ensure_base_image(client)
+
+
+DEFAULT_BASE_IMAGES: dict[str, Callable[[docker.DockerClient], object]] = {
+    "trialflow-base:bookworm": _ensure_trialflow_base,
+}
 
 
 def resolve_env(env: Mapping[str, str], host_env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -257,6 +275,8 @@ class DockerSandbox(Sandbox):
                             if len(parts) == 1:
                                 continue
                             m.name = parts[1]
+                            if m.islnk():  # hard links name their target by archive path
+                                m.linkname = m.linkname.split("/", 1)[-1]
                         members.append(m)
                     tar.extractall(dest, members=members, filter="data")
             return dest if is_dir else dest / stat["name"]
@@ -283,6 +303,10 @@ class DockerBackend(SandboxBackend):
 
     `labels` are added to every container this backend creates (e.g. a worker id, which
     `reap()` then also filters on so that workers sharing an engine reap only their own).
+    `base_images` maps local base image tags to a function that makes them; when a task's
+    Dockerfile says `FROM` one that is missing, it is made first (once, under a lock).
+    Default: `trialflow-base:bookworm` via `infra.base_image` (debootstrap, minutes on a
+    fresh machine). Pass `{}` to disable.
     """
 
     def __init__(
@@ -293,6 +317,7 @@ class DockerBackend(SandboxBackend):
         output_cap_bytes: int = DEFAULT_OUTPUT_CAP,
         max_threads: int = 256,
         host_env: Mapping[str, str] | None = None,
+        base_images: Mapping[str, Callable[[docker.DockerClient], object]] | None = None,
     ) -> None:
         self.client = client
         self.labels = dict(labels or {})
@@ -300,6 +325,8 @@ class DockerBackend(SandboxBackend):
         self._host_env = host_env
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="tf-docker")
         self._build_locks: dict[str, asyncio.Lock] = {}
+        self._base_images = dict(DEFAULT_BASE_IMAGES if base_images is None else base_images)
+        self._base_lock = asyncio.Lock()
         self._host_cpus: float | None = None
 
     async def _run(self, fn: Callable[[], T]) -> T:
@@ -324,6 +351,8 @@ class DockerBackend(SandboxBackend):
                 raise ImageUnavailable(
                     f"task {task.name}: image {tag} ([environment].docker_image) is not present "
                     "locally and images cannot be pulled here")
+            if task.dockerfile is not None:
+                await self._ensure_bases(task.dockerfile.read_text(errors="replace"))
             timeout = task.config.environment.build_timeout_sec
             try:
                 tail = await asyncio.wait_for(self._run(lambda: self._build_blocking(task, tag, timeout)),
@@ -336,6 +365,20 @@ class DockerBackend(SandboxBackend):
             duration = time.monotonic() - t0
             log.info("built %s for task %s in %.1fs", tag, task.name, duration)
             return ImageInfo(tag, image_id, built=True, duration_s=duration, log_tail=tail)
+
+    async def _ensure_bases(self, dockerfile: str) -> None:
+        for base in dockerfile_bases(dockerfile):
+            make = self._base_images.get(base)
+            if make is None:
+                continue
+            async with self._base_lock:
+                if await self._run(lambda: self._image_id(base)):
+                    continue
+                log.info("base image %s is missing: making it", base)
+                try:
+                    await self._run(lambda: make(self.client))
+                except Exception as e:  # debootstrap/mirror trouble: worth another attempt
+                    raise BaseImageUnavailable(f"could not make base image {base}: {e}") from e
 
     def _image_id(self, tag: str) -> str | None:
         try:
