@@ -164,30 +164,27 @@ _UNSUPPORTED = {"image": "images", "document": "documents"}
 
 def parse_messages_request(body: Any) -> ChatRequest:
     """Translate a ``/v1/messages`` body. Raises ``InvalidRequest`` (400) on any bad input."""
-    req = validate(MessagesRequest, body, "")
-    chat = _chat_request(req)
-    chat.sampling = SamplingParams(
+    req = validate(MessagesRequest, body)
+    sampling = SamplingParams(
         max_tokens=req.max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=-1 if req.top_k is None else req.top_k,
         stop=tuple(req.stop_sequences or ()),
     )
-    chat.stream = bool(req.stream)
-    return chat
+    return _chat_request(req, sampling, stream=bool(req.stream))
 
 
 def parse_count_tokens_request(body: Any) -> ChatRequest:
     """Translate a ``/v1/messages/count_tokens`` body (no ``max_tokens``; sampling defaults)."""
-    req = validate(CountTokensRequest, body, "")
-    return _chat_request(req)
+    return _chat_request(validate(CountTokensRequest, body), SamplingParams(), stream=False)
 
 
 def count_tokens_response(n: int) -> dict[str, Any]:
     return {"input_tokens": n}
 
 
-def _chat_request(req: CountTokensRequest) -> ChatRequest:
+def _chat_request(req: CountTokensRequest, sampling: SamplingParams, stream: bool) -> ChatRequest:
     ignored: set[str] = {k for k in req.model_fields_set if k not in _ACTED_ON}
     ignored |= set(req.model_extra or ())
     messages: list[Message] = []
@@ -204,6 +201,8 @@ def _chat_request(req: CountTokensRequest) -> ChatRequest:
         messages=messages,
         tools=_tools(req.tools, ignored),
         tool_choice=_tool_choice(req.tool_choice, ignored),
+        sampling=sampling,
+        stream=stream,
         model=req.model,
         thinking=thinking,
         ignored_fields=tuple(sorted(ignored)),
@@ -215,22 +214,32 @@ def _message(m: MessageParam, path: str, tool_names: dict[str, str], ignored: se
         return [{"role": "system", "content": _text_of(m.content, f"{path}.content", ignored)}]
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
+    if m.role == "user":
+        return _user_messages(m.content, path, tool_names, ignored)
+    return [_assistant_message(m.content, path, tool_names, ignored)]
+
+
+def _user_messages(content: list[Any], path: str, tool_names: dict[str, str], ignored: set[str]) -> list[Message]:
+    """Tool results first (in order), then one user message with the text, if any."""
     texts: list[str] = []
     out: list[Message] = []
-    if m.role == "user":
-        for j, raw in enumerate(m.content):
-            block = _block(raw, f"{path}.content[{j}]", ("text", "tool_result"), ignored)
-            if isinstance(block, TextBlock):
-                texts.append(block.text)
-            elif isinstance(block, ToolResultBlock):
-                out.append(_tool_message(block, f"{path}.content[{j}]", tool_names, ignored))
-        if texts or not out:
-            out.append({"role": "user", "content": "\n".join(texts)})
-        return out
+    for j, raw in enumerate(content):
+        block = _block(raw, f"{path}.content[{j}]", ("text", "tool_result"), ignored)
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolResultBlock):
+            out.append(_tool_message(block, f"{path}.content[{j}]", tool_names, ignored))
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _assistant_message(content: list[Any], path: str, tool_names: dict[str, str], ignored: set[str]) -> Message:
+    texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     allowed = ("text", "thinking", "redacted_thinking", "tool_use")
-    for j, raw in enumerate(m.content):
+    for j, raw in enumerate(content):
         block = _block(raw, f"{path}.content[{j}]", allowed, ignored)
         if isinstance(block, TextBlock):
             texts.append(block.text)
@@ -244,7 +253,7 @@ def _message(m: MessageParam, path: str, tool_names: dict[str, str], ignored: se
         msg["reasoning_content"] = "\n".join(reasoning)
     if calls:
         msg["tool_calls"] = calls
-    return [msg]
+    return msg
 
 
 def _tool_message(block: ToolResultBlock, path: str, tool_names: dict[str, str], ignored: set[str]) -> Message:
