@@ -85,6 +85,9 @@ class TurnInfo:
     started_at: float = 0.0
     latency_s: float = 0.0
     policy_version: int | None = None
+    # The generation's max_tokens was bounded by the context window and it finished by
+    # length: the trajectory hit its limit (TurnRecord.overlong, counters.overlong).
+    context_limited: bool = False
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,7 @@ class ConversationTracker:
             parse_failures=parsed.parse_failures,
             resumed_after_abort=generation.resumed_after_abort,
             started_at=info.started_at,
+            overlong=info.context_limited and generation.finish_reason == "length",
         )
         traj.apply(TurnDelta(
             record=record, gen_ids=generation.token_ids, gen_logprobs=generation.logprobs,

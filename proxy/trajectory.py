@@ -39,7 +39,9 @@ A turn without experts on a segment that has some appends sentinel rows. dtype i
 int16 converts the earlier rows and their sentinels.
 
 Counters: ``turns`` and ``tool_calls``/``parse_failures``/``aborts_resumed`` are sums over turn
-records; ``overlong`` counts turns that finished with ``"length"`` plus ``note_overlong`` calls.
+records; ``overlong`` counts turns whose record says ``overlong`` (generation cut by the context
+window, which only the session knows) plus ``note_overlong`` calls (prompt too long, nothing
+generated). A turn cut by the client's own ``max_tokens`` is not overlong.
 
 Serialization: an ``np.savez_compressed`` archive with int32 ids, uint8 masks, float32
 logprobs, the experts rows, and one ``meta`` entry (UTF-8 JSON as uint8) holding session id,
@@ -136,6 +138,7 @@ class TurnRecord:
     parse_failures: int = 0
     resumed_after_abort: int = 0
     started_at: float = 0.0
+    overlong: bool = False  # cut by the context window (not by the client's max_tokens)
 
 
 @dataclass(frozen=True)
@@ -243,7 +246,7 @@ class Trajectory:
         c.tool_calls += rec.tool_calls
         c.parse_failures += rec.parse_failures
         c.aborts_resumed += rec.resumed_after_abort
-        c.overlong += rec.finish_reason == "length"
+        c.overlong += rec.overlong
         return rec
 
     def note_overlong(self) -> None:
@@ -311,7 +314,11 @@ class Trajectory:
             "counters": asdict(self.counters), "base_turns": mark.turns, "base_segments": len(mark.response_lens),
             "turns": [asdict(t) for t in self.turns[mark.turns:]], "segments": seg_meta,
         }
-        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        try:
+            blob = json.dumps(meta).encode()
+        except (TypeError, ValueError) as exc:
+            raise TrajectoryError(f"metadata must be JSON-serializable: {exc}") from exc
+        arrays["meta"] = np.frombuffer(blob, dtype=np.uint8)
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
         return buf.getvalue()

@@ -190,7 +190,10 @@ def test_finish_by_length_inserts_eos(tok):
     prepared = tracker.prepare(req(msgs + [assistant_message(parsed), {"role": "user", "content": "continue"}]))
     assert prepared.extends and prepared.env_ids[0] == tok.eos_token_id
     assert tok.decode(prepared.env_ids).startswith("<|im_end|>\n<|im_start|>user\ncontinue")
-    assert tracker.trajectory.counters.overlong == 1
+    assert tracker.trajectory.counters.overlong == 0  # the client's max_tokens cut it
+    gen, parsed = model.generate(prepared, ParsedOutput(content="cut by the window"), finish="length", cut=3)
+    tracker.commit(prepared, gen, parsed, TurnInfo(context_limited=True))
+    assert tracker.trajectory.counters.overlong == 1 and tracker.trajectory.turns[-1].overlong
 
 
 def test_changed_tools_open_new_segment(tok):

@@ -62,16 +62,17 @@ def test_fold_appends_env_then_generation_with_mask_and_logprobs():
     t = Trajectory("s")
     t.apply(opening(0, [1, 2, 3], [4, 5], tool_calls=1))
     t.apply(extending(0, [6, 7], [8], version=3, parse_failures=1, resumed_after_abort=2))
-    t.apply(extending(0, [9], [10, 11], finish="length", version=1))
+    t.apply(extending(0, [9], [10, 11], finish="length", version=1, overlong=True))
+    t.apply(extending(0, [], [12], finish="length"))  # cut by the client's max_tokens: not overlong
     seg = t.segments[0]
     assert seg.prompt_ids == [1, 2, 3]
-    assert seg.response_ids == [4, 5, 6, 7, 8, 9, 10, 11]
-    assert seg.response_mask == [1, 1, 0, 0, 1, 0, 1, 1]
-    assert seg.response_logprobs == [-0.5, -0.5, 0.0, 0.0, -0.25, 0.0, -0.25, -0.5]
-    assert seg.full_ids == list(range(1, 12)) and len(seg) == 11
+    assert seg.response_ids == [4, 5, 6, 7, 8, 9, 10, 11, 12]
+    assert seg.response_mask == [1, 1, 0, 0, 1, 0, 1, 1, 1]
+    assert seg.response_logprobs == [-0.5, -0.5, 0.0, 0.0, -0.25, 0.0, -0.25, -0.5, -0.25]
+    assert seg.full_ids == list(range(1, 13)) and len(seg) == 12
     assert (seg.policy_version_min, seg.policy_version_max) == (1, 3)
     c = t.counters
-    assert (c.turns, c.tool_calls, c.parse_failures, c.aborts_resumed, c.overlong) == (3, 1, 1, 2, 1)
+    assert (c.turns, c.tool_calls, c.parse_failures, c.aborts_resumed, c.overlong) == (4, 1, 1, 2, 1)
     t.note_overlong()
     assert t.counters.overlong == 2
 
@@ -166,7 +167,7 @@ def test_checkpoint_deltas_rebuild_every_prefix():
         opening(1, [1], [2], kind="side"),
         extending(0, [8], [9], experts=experts(8, 300)),
         extending(1, [3], [4]),
-        extending(0, [], [10], finish="length"),
+        extending(0, [], [10], finish="length", overlong=True),
     ]
     for i, step in enumerate(steps):
         t.apply(step)
@@ -221,6 +222,9 @@ def test_gaps_and_foreign_payloads_are_detected():
         Trajectory.from_bytes(b"not an npz")
     with pytest.raises(CheckpointGapError):
         t.delta_since(Mark(99, ()))
+    t.metadata["bad"] = object()
+    with pytest.raises(TrajectoryError, match="JSON"):
+        t.to_bytes()
 
 
 _turn = st.tuples(
