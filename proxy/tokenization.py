@@ -7,7 +7,9 @@ Public API:
         .prepare(request: ChatRequest) -> PreparedTurn    no mutation
         .commit(prepared, generation, parsed, info=TurnInfo()) -> TurnRecord
         .count_tokens(request) -> int                 prompt length prepare() would send
-    PreparedTurn, TurnInfo, system_key(messages) -> str
+    PreparedTurn   segment_index, kind, system_key, prompt_ids, env_ids, base_len, new_segment, .extends
+    TurnInfo       started_at, latency_s, policy_version, context_limited (session-side facts)
+    system_key(messages) -> str
     StalePreparedTurn, InvariantViolation (both proxy.trajectory.TrajectoryError)
 
 ``tokenizer`` is a HF tokenizer with a prefix-stable chat template (trialflow.tinymodel's, or any
