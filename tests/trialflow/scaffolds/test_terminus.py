@@ -26,7 +26,7 @@ def reply(commands=(), done=False, analysis="") -> Reply:
 
 
 async def _run(sandbox_for, scripted_proxy, script, *, timeout_s=120.0, close_first=False, **options):
-    proxy, vllm = await scripted_proxy(script, default=Reply("unscripted"))
+    proxy, _ = await scripted_proxy(script, default=Reply("unscripted"))
     task = load_task(EXAMPLES / "create-file")
     sandbox = await sandbox_for(task)
     handle = proxy.open_session()
