@@ -1,7 +1,7 @@
 """One trialflow worker process: Temporal worker + in-process proxy + sandbox backend.
 
 Wiring only. Two Temporal workers share one client:
-- the shared queue (`SHARED_QUEUE`): TrialWorkflow, sandbox set-up, result storage and the
+- the shared queue (`settings.task_queue`, default `SHARED_QUEUE`): TrialWorkflow, sandbox set-up, result storage and the
   teardown fallback;
 - this process's host queue (`host_queue(hostname, worker_id)`): scaffold, verify and
   teardown of the sandboxes this process created.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -39,9 +40,10 @@ from activities.verify import VerifyActivities
 from trialflow.batch import connect
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox import DockerBackend
+from trialflow.scaffolds import register_scaffold
 from trialflow.settings import TrialflowSettings, load_settings
 from trialflow.storage import LocalStore, ResultStore, S3Store
-from workflows.shared import SHARED_QUEUE, host_queue
+from workflows.shared import host_queue
 from workflows.trial import TrialWorkflow
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ class WorkerProcess:
     async def run(self, stop: asyncio.Event) -> None:
         tasks = [asyncio.create_task(w.run()) for w in self.workers]
         reaper = asyncio.create_task(self._reap_forever())
-        log.info("worker polling %s and %s", SHARED_QUEUE, self.host_queue)
+        log.info("worker polling %s and %s", self.settings.task_queue, self.host_queue)
         try:
             stopped = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -94,7 +96,14 @@ class WorkerProcess:
 def open_store(settings: TrialflowSettings) -> ResultStore:
     """S3 when an endpoint is configured, else the local directory store."""
     if settings.s3_endpoint:
-        return S3Store(settings.s3_endpoint, settings.s3_bucket, settings.s3_prefix, create_bucket=True)
+        return S3Store(
+            settings.s3_endpoint,
+            settings.s3_bucket,
+            settings.s3_prefix,
+            access_key=settings.s3_access_key,
+            secret_key=settings.s3_secret_key,
+            create_bucket=True,
+        )
     return LocalStore(settings.store_dir)
 
 
@@ -103,12 +112,14 @@ def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
     if settings.model_dir is None:
         return None
     from proxy.server import ProxyServer
+    from proxy.session import SessionConfig
 
     return ProxyServer(
         model_dir=settings.model_dir,
         host=settings.proxy_host,
         port=settings.proxy_port,
         replicas=settings.replica_urls,
+        defaults=SessionConfig(model=settings.model_name),
     )
 
 
@@ -118,6 +129,8 @@ async def build(settings: TrialflowSettings, client: Client | None = None) -> Wo
     worker_id = settings.worker_id or str(os.getpid())
     queue = host_queue(socket.gethostname(), worker_id)
     metrics = TrialMetrics()
+    for name, target in settings.extra_scaffolds.items():
+        register_scaffold(name, target)
     store = open_store(settings)
     backend = DockerBackend(docker.from_env(), labels={"trialflow.worker": queue})
     proxy = open_proxy(settings)
@@ -131,7 +144,7 @@ async def build(settings: TrialflowSettings, client: Client | None = None) -> Wo
     n = settings.max_concurrent_trials
     shared = Worker(
         client,
-        task_queue=SHARED_QUEUE,
+        task_queue=settings.task_queue,
         workflows=[TrialWorkflow],
         activities=[sandbox.setup, sandbox.teardown, results.store_result],
         max_concurrent_activities=n,
@@ -160,13 +173,17 @@ async def serve(settings: TrialflowSettings) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrialflowSettings:
-    """One flag per settings field; list fields are repeatable flags."""
+    """One flag per settings field; list fields are repeatable flags, dict fields JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, field in TrialflowSettings.model_fields.items():
-        is_list = typing.get_origin(field.annotation) is list
-        parser.add_argument(
-            "--" + name.replace("_", "-"), dest=name, action="append" if is_list else "store"
-        )
+        origin = typing.get_origin(field.annotation)
+        flag = "--" + name.replace("_", "-")
+        if origin is list:
+            parser.add_argument(flag, dest=name, action="append")
+        elif origin is dict:
+            parser.add_argument(flag, dest=name, type=json.loads)
+        else:
+            parser.add_argument(flag, dest=name)
     return load_settings(**vars(parser.parse_args(argv)))
 
 

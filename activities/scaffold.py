@@ -23,6 +23,7 @@ import contextlib
 import logging
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,13 +131,17 @@ class ScaffoldActivities:
                 type="ModelNotConfigured",
                 non_retryable=True,
             )
-        from proxy.session import SessionConfig
-
-        config = SessionConfig(
-            model=model,
-            sampling=inp.sampling,
-            replicas=inp.replicas,
-            checkpoint_sink=StoreCheckpointSink(self._store, keys.checkpoints),
+        overrides: dict[str, Any] = {"sampling": inp.sampling} if inp.sampling else {}
+        if model:
+            overrides["model"] = model
+        try:
+            config = self._proxy.defaults.with_overrides(overrides)
+        except (TypeError, ValueError) as err:
+            raise ApplicationError(f"bad session settings: {err}", type="InvalidSampling", non_retryable=True) from err
+        config = replace(
+            config,
+            replicas=tuple(inp.replicas or config.replicas),
+            checkpoint=StoreCheckpointSink(self._store, keys.checkpoints),
             metadata={"trial_id": inp.trial_id, "attempt": inp.attempt},
         )
         return self._proxy.open_session(config)
@@ -173,15 +178,16 @@ def live_counts(stats: dict[str, Any]) -> dict[str, int]:
     return {
         "turns": int(stats.get("turns", 0)),
         "prompt_tokens": int(stats.get("prompt_tokens", 0)),
-        "response_tokens": int(stats.get("response_tokens", 0)),
+        "response_tokens": int(stats.get("completion_tokens", 0)),
     }
 
 
 def token_counts(trajectory: Trajectory | None) -> tuple[int, int]:
-    """(prompt tokens, model-generated tokens) of a trajectory, over all its segments."""
+    """(prompt tokens, generated tokens) summed over turns, as the proxy's live stats count
+    them: every turn's whole prompt counts, so this is the work the replicas did."""
     if trajectory is None:
         return 0, 0
-    prompt = sum(len(seg.prompt_ids) for seg in trajectory.segments)
+    prompt = sum(turn.prompt_tokens for turn in trajectory.turns)
     response = sum(turn.completion_tokens for turn in trajectory.turns)
     return prompt, response
 

@@ -93,7 +93,7 @@ async def run_specs(
                     mean=sum(r.reward for r in done) / len(done),
                 )
 
-            return await batch.run(client, specs, on_result=on_result)
+            return await batch.run(client, specs, on_result=on_result, task_queue=settings.task_queue)
 
 
 def results_table(results: Sequence[TrialResult], title: str = "trials") -> Table:
@@ -351,6 +351,8 @@ def demo(
             temporal_address=infra.temporal_address,
             s3_endpoint=infra.s3_endpoint,
             s3_bucket=infra.bucket,
+            s3_access_key="trialflow",  # SeaweedFS runs without auth: any pair works
+            s3_secret_key="trialflow",
             replica_urls=infra.vllm_urls,
             model_dir=infra.model_dir or cached_tiny_model(infra.state_dir / "models"),
             model_name=infra.served_model_name,

@@ -24,10 +24,16 @@ class TrialflowSettings(BaseSettings):
 
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
+    # The shared queue (workflows + set-up). Separate deployments (or tests) sharing one
+    # Temporal namespace use separate queues.
+    task_queue: str = "trialflow-shared"
 
     s3_endpoint: str | None = None
     s3_bucket: str = "trialflow"
     s3_prefix: str = ""
+    # None: boto3's credential chain. SeaweedFS without auth accepts any pair.
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
     store_dir: Path = Path(".trialflow/store")
 
     replica_urls: list[str] = Field(default_factory=list)
@@ -36,6 +42,9 @@ class TrialflowSettings(BaseSettings):
 
     proxy_host: str = "127.0.0.1"
     proxy_port: int = 0  # 0: any free port (the worker's in-process proxy)
+
+    # Scaffolds beyond the built-in registry: name -> "module:Class" (plugins, test doubles).
+    extra_scaffolds: dict[str, str] = Field(default_factory=dict)
 
     max_concurrent_trials: int = Field(default=4, gt=0)
     metrics_port: int = 0

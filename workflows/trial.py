@@ -176,7 +176,7 @@ class TrialWorkflow:
             for attempt in range(1, spec.attempt_limit + 1):
                 try:
                     await self._attempt(spec, attempt, tally)
-                    error = None
+                    error, termination = None, None  # an earlier lost attempt is history
                     break
                 except _AttemptLost as lost:
                     error = lost.error
@@ -283,6 +283,8 @@ class TrialWorkflow:
         tally.scaffold = scaffold
         if scaffold.trajectory_uri:
             tally.trajectory_uris[-1] = scaffold.trajectory_uri
+        else:  # a model-free scaffold (oracle, nop): no session, no trajectory
+            tally.trajectory_uris.pop()
         self._progress.turns = scaffold.turns
         self._progress.prompt_tokens = scaffold.prompt_tokens
         self._progress.response_tokens = scaffold.response_tokens

@@ -153,6 +153,7 @@ async def test_lost_host_starts_a_new_attempt_and_lists_both(client, harness):
     fake.setup_queues = [DEAD_QUEUE]  # attempt 1's worker never answers
     [result] = await batch.run(client, [_spec()], task_queue=shared)
     assert result.error is None and result.attempts == 2 and result.reward == 1.0
+    assert result.termination_reason == "submitted"
     # The lost attempt keeps its checkpoint prefix, the second its final trajectory.
     assert result.trajectory_uris == [
         f"file:///store/{result.trial_id}/attempt-1/checkpoints/",

@@ -1,0 +1,172 @@
+"""Trials end to end through the REAL activities: Temporal dev server, Docker, SeaweedFS.
+
+One in-process worker (worker_main.build, no model: oracle/nop/test scaffolds only) serves
+the module on its own task queue. Covers: oracle solves every sample task that has a
+working verifier (reward 1), nop solves none, the broken-verifier and slow-verifier
+samples give invalid rewards with the reason recorded, a Dockerfile that fails to build
+fails fast and non-retryably with the error in the result, a scaffold that crashes is a
+`scaffold_error` outcome, results and logs land in S3, and no container is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+import worker_main
+from trialflow import batch
+from trialflow.sandbox.base import ExecResult
+from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, register_scaffold
+from trialflow.settings import TrialflowSettings, load_settings
+from trialflow.storage import TrialKeys
+from workflows.shared import TrialResult
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "tasks"
+BROKEN_DOCKERFILE = REPO / "tests" / "trialflow" / "fixtures" / "tasks" / "broken-dockerfile"
+SOLVABLE = ["create-file", "fix-bug", "multi-step", "reward-json"]
+
+pytestmark = [pytest.mark.temporal, pytest.mark.docker, pytest.mark.s3]
+
+
+class CrashingScaffold(Scaffold):
+    """Test scaffold: the agent process dies with exit code 3 after touching the sandbox."""
+
+    name = "test-crash"
+    needs_model = False
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        res: ExecResult = await ctx.sandbox.exec("echo about to crash >&2; exit 3", timeout_s=30)
+        return ScaffoldResult(res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s)
+
+
+register_scaffold("test-crash", f"{__name__}:CrashingScaffold")
+
+
+@pytest.fixture(scope="module")
+def settings(temporal_address, s3_endpoint, docker_client) -> TrialflowSettings:
+    from infra.base_image import ensure_base_image
+
+    ensure_base_image(docker_client)
+    suffix = uuid.uuid4().hex[:8]
+    return load_settings(
+        temporal_address=temporal_address,
+        task_queue=f"pipeline-{suffix}",
+        s3_endpoint=s3_endpoint.endpoint_url,
+        s3_bucket=s3_endpoint.bucket,
+        s3_prefix=f"pipeline-{suffix}",
+        s3_access_key="trialflow",
+        s3_secret_key="trialflow",
+        worker_id=f"pipeline-{suffix}",
+        max_concurrent_trials=3,
+        drain_grace_s=5,
+    )
+
+
+@pytest.fixture(scope="module")
+async def client(settings):
+    return await batch.connect(settings.temporal_address)
+
+
+@pytest.fixture(scope="module")
+async def worker(settings, client) -> AsyncIterator[worker_main.WorkerProcess]:
+    process = await worker_main.build(settings, client)
+    stop = asyncio.Event()
+    task = asyncio.create_task(process.run(stop))
+    yield process
+    stop.set()
+    await task
+
+
+@pytest.fixture
+def no_leaked_sandboxes(docker_client, worker) -> Iterator[None]:
+    """No container of THIS worker outlives a test (other sessions share the engine)."""
+    yield
+    mine = docker_client.containers.list(all=True, filters={"label": f"trialflow.worker={worker.host_queue}"})
+    assert not mine, f"sandboxes left behind: {[c.name for c in mine]}"
+
+
+async def _run(client, settings, specs) -> list[TrialResult]:
+    return await batch.run(client, specs, task_queue=settings.task_queue)
+
+
+def _s3_keys(settings: TrialflowSettings, prefix: str) -> list[str]:
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=settings.s3_access_key,
+        aws_secret_access_key=settings.s3_secret_key,
+    )
+    listed = s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix=f"{settings.s3_prefix}/{prefix}")
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+async def test_oracle_solves_every_sample_task(client, settings, worker, no_leaked_sandboxes):
+    tasks = sorted(p for p in EXAMPLES.iterdir() if (p / "task.toml").exists())
+    specs = batch.make_specs(f"oracle-{uuid.uuid4().hex[:6]}", tasks, "oracle", attempt_limit=1)
+    results = {r.task_name: r for r in await _run(client, settings, specs)}
+    for name in SOLVABLE:
+        r = results[name]
+        assert (r.reward, r.reward_valid, r.termination_reason, r.error) == (1.0, True, "submitted", None), r.reward_error
+    # Samples whose verifier itself is broken: an outcome with the reason, not a crash.
+    assert not results["verifier-error"].reward_valid
+    assert results["verifier-error"].reward_error.startswith("RewardMissing")
+    assert not results["verifier-timeout"].reward_valid
+    assert results["verifier-timeout"].reward_error.startswith("VerifierTimeout")
+    r = results["create-file"]
+    assert set(r.timings) == {"setup", "scaffold", "verify", "teardown"}
+    keys = _s3_keys(settings, f"batches/{r.batch_id}/trials/{r.trial_id}/")
+    assert any(k.endswith("/result.json") for k in keys)
+    assert any(k.endswith("attempt-1/logs/scaffold.log") for k in keys)
+    assert any("attempt-1/logs/verifier/" in k for k in keys)
+    assert worker.metrics.value("trialflow_trials_completed_total", {"termination": "submitted"}) >= 6
+
+
+async def test_nop_solves_none(client, settings, worker, no_leaked_sandboxes):
+    tasks = [EXAMPLES / name for name in SOLVABLE]
+    specs = batch.make_specs(f"nop-{uuid.uuid4().hex[:6]}", tasks, "nop", attempt_limit=1)
+    results = await _run(client, settings, specs)
+    assert [(r.reward, r.reward_valid, r.error) for r in results] == [(0.0, True, None)] * len(SOLVABLE)
+
+
+async def test_broken_dockerfile_fails_fast_non_retryable(client, settings, worker, no_leaked_sandboxes):
+    specs = batch.make_specs(f"broken-{uuid.uuid4().hex[:6]}", [BROKEN_DOCKERFILE], "oracle")
+    started = time.monotonic()
+    [r] = await _run(client, settings, specs)
+    elapsed = time.monotonic() - started
+    assert r.error is not None and r.error.type == "ImageBuildFailed" and r.error.non_retryable
+    assert r.error.phase == "setup" and r.attempts == 1
+    assert "broken-dockerfile-marker" in r.error.message  # the build log tail is kept
+    assert r.termination_reason == "verifier_error" and not r.reward_valid
+    assert elapsed < 60, f"took {elapsed:.0f}s: a non-retryable error must not be retried"
+
+
+async def test_crashing_scaffold_is_an_outcome_and_still_verified(client, settings, worker, no_leaked_sandboxes):
+    specs = batch.make_specs(f"crash-{uuid.uuid4().hex[:6]}", [EXAMPLES / "create-file"], "test-crash")
+    [r] = await _run(client, settings, specs)
+    assert r.termination_reason == "scaffold_error"
+    assert r.error is not None and r.error.type == "ScaffoldExit" and "code 3" in r.error.message
+    assert "about to crash" in r.error.message
+    assert r.reward_valid and r.reward == 0.0  # verified anyway: the file was never made
+    assert r.logs_uri and r.logs_uri.endswith("logs/scaffold.log")
+
+
+async def test_unknown_scaffold_is_a_recorded_non_retryable_error(client, settings, worker, no_leaked_sandboxes):
+    specs = batch.make_specs(f"unknown-{uuid.uuid4().hex[:6]}", [EXAMPLES / "create-file"], "no-such-agent")
+    [r] = await _run(client, settings, specs)
+    assert r.error is not None and r.error.type == "UnknownScaffold" and r.error.non_retryable
+    assert "oracle" in r.error.message  # the message lists the registered names
+
+
+def test_trial_keys_match_the_listed_uris(settings):
+    """The attempt URI the workflow lists is the store's own URI of TrialKeys.root."""
+    store = worker_main.open_store(settings)
+    keys = TrialKeys("b", "trial-b-t-0", 2)
+    assert store.uri(keys.root) == f"s3://{settings.s3_bucket}/{settings.s3_prefix}/{keys.root}"
