@@ -349,10 +349,11 @@ def start_vllm(
     python: str | Path | None = None,
     reuse: bool = False,
     extra_args: Sequence[str] = (),
-    ready_timeout_s: float = 300,
+    ready_timeout_s: float = 480,
 ) -> Service:
     """Serve `model_dir` with vLLM's OpenAI server on the CPU; endpoint is the base URL
-    (no `/v1`). Start-up takes about 45 s or more here, hence the long timeout.
+    (no `/v1`). Start-up takes about 45 s on an idle machine and over 280 s was seen
+    with parallel test sessions loading both cores, hence the long timeout.
 
     With `reuse=True` a server on `port` that already lists `served_model_name` is
     returned as is. If the process dies (a broken model dir fails within seconds),
