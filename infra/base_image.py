@@ -60,7 +60,7 @@ def rootfs_tarball_path(cache_dir: Path = CACHE_DIR) -> Path:
 
 
 def _run(argv: list[str], what: str, timeout_s: float) -> None:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise BaseImageError(f"{what} failed with exit code {proc.returncode}:\n{tail}")
@@ -71,7 +71,7 @@ def _unmount_below(root: Path) -> None:
     with open("/proc/mounts") as fh:
         targets = [line.split()[1] for line in fh if line.split()[1].startswith(prefix)]
     for target in sorted(targets, key=len, reverse=True):
-        subprocess.run(["umount", "-l", target], capture_output=True)
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
 
 
 def build_rootfs_tarball(dest: Path, timeout_s: float = 1200) -> Path:

@@ -242,7 +242,7 @@ class S3Store(ResultStore):
             kwargs = {"Bucket": self.bucket, "Prefix": head + prefix}
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._guard(lambda: self._client.list_objects_v2(**kwargs), f"list {head + prefix}")
+            page = self._guard(lambda kw=kwargs: self._client.list_objects_v2(**kw), f"list {head + prefix}")
             keys.extend(obj["Key"][len(head):] for obj in page.get("Contents", []))
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:

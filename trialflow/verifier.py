@@ -66,7 +66,7 @@ class VerifierResult:
 
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"reward {name!r} is not a number: {value!r}")
+        raise ValueError(f"reward {name!r} is not a number: {value!r}")  # noqa: TRY004 (one error type for all bad content)
     out = float(value)
     if not math.isfinite(out):
         raise ValueError(f"reward {name!r} is not finite: {value!r}")
@@ -80,7 +80,8 @@ def parse_reward_json(text: str) -> dict[str, float]:
     except json.JSONDecodeError as e:
         raise ValueError(f"reward.json is not valid JSON: {e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"reward.json must be an object of name -> number, got {type(data).__name__}")
+        raise ValueError(  # noqa: TRY004 (one error type for all bad content)
+            f"reward.json must be an object of name -> number, got {type(data).__name__}")
     if not data:
         raise ValueError("reward.json is an empty object")
     return {str(k): _number(str(k), v) for k, v in data.items()}

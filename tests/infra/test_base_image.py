@@ -4,7 +4,12 @@ import time
 
 import pytest
 
-from infra.base_image import BASE_IMAGE, PACKAGES, ensure_base_image, rootfs_tarball_path
+from infra.base_image import (
+    BASE_IMAGE,
+    PACKAGES,
+    ensure_base_image,
+    rootfs_tarball_path,
+)
 
 pytestmark = pytest.mark.docker
 

@@ -1,7 +1,6 @@
 """Pins the public surface of the sandbox and scaffold packages."""
 
-import trialflow.sandbox as sandbox
-import trialflow.scaffolds as scaffolds
+from trialflow import sandbox, scaffolds
 
 
 def test_sandbox_exports():

@@ -1,16 +1,30 @@
 """DockerBackend against the real engine: images, exec, files, limits, attach, reaper."""
 
+import contextlib
 import os
 import shutil
 import time
 import uuid
-from pathlib import Path
 
+import docker.errors
 import pytest
 
 from tests.trialflow.conftest import EXAMPLES, fixture_task
-from trialflow.errors import BaseImageUnavailable, ImageBuildFailed, ImageBuildTimeout, ImageUnavailable, SandboxLost, SandboxPathNotFound
-from trialflow.sandbox import LABEL_CREATED_AT, LABEL_MANAGED, LABEL_TRIAL_ID, Mount, reap_containers
+from trialflow.errors import (
+    BaseImageUnavailable,
+    ImageBuildFailed,
+    ImageBuildTimeout,
+    ImageUnavailable,
+    SandboxLost,
+    SandboxPathNotFound,
+)
+from trialflow.sandbox import (
+    LABEL_CREATED_AT,
+    LABEL_MANAGED,
+    LABEL_TRIAL_ID,
+    Mount,
+    reap_containers,
+)
 from trialflow.sandbox.docker import dockerfile_bases, resolve_env
 from trialflow.tasks import load_task
 
@@ -26,10 +40,8 @@ def fresh_task(tmp_path, docker_client):
         fh.write(f"RUN echo {uuid.uuid4().hex} > /etc/build-marker\n")
     task = load_task(root)
     yield task
-    try:
+    with contextlib.suppress(docker.errors.ImageNotFound):
         docker_client.images.remove(task.image_tag, force=True)
-    except Exception:
-        pass
 
 
 async def test_build_then_cache_hit(backend, fresh_task, sandbox_for):
@@ -264,7 +276,5 @@ async def test_missing_base_image_is_made_once(tmp_path, docker_client, make_bac
         assert exc.value.retryable
     finally:
         for tag in [base, *(t.image_tag for t in tasks)]:
-            try:
+            with contextlib.suppress(docker.errors.ImageNotFound):
                 docker_client.images.remove(tag, force=True)
-            except Exception:
-                pass

@@ -7,7 +7,13 @@ import pytest
 
 from proxy.checkpoint import CheckpointSink
 from trialflow.errors import ObjectNotFound, StorageError
-from trialflow.storage import LocalStore, ResultStore, S3Store, StoreCheckpointSink, TrialKeys
+from trialflow.storage import (
+    LocalStore,
+    ResultStore,
+    S3Store,
+    StoreCheckpointSink,
+    TrialKeys,
+)
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])

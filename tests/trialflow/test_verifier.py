@@ -8,8 +8,14 @@ from hypothesis import strategies as st
 
 from tests.trialflow.conftest import EXAMPLES
 from trialflow.errors import RewardMissing, VerifierTimeout
-from trialflow.verifier import VerifierResult, parse_reward_json, parse_reward_txt, parse_rewards, run_verifier
 from trialflow.tasks import load_task
+from trialflow.verifier import (
+    VerifierResult,
+    parse_reward_json,
+    parse_reward_txt,
+    parse_rewards,
+    run_verifier,
+)
 
 
 def test_reward_txt():
@@ -42,8 +48,8 @@ def test_any_finite_float_roundtrips_through_reward_txt(x):
 
 
 def _result(**kw) -> VerifierResult:
-    base = dict(rewards={}, reward_valid=True, reason=None, exit_code=0, timed_out=False, stdout="",
-                stderr="", duration_s=0.1)
+    base = {"rewards": {}, "reward_valid": True, "reason": None, "exit_code": 0, "timed_out": False,
+            "stdout": "", "stderr": "", "duration_s": 0.1}
     return VerifierResult(**{**base, **kw})
 
 

@@ -59,8 +59,20 @@ from trialflow.errors import (
     SandboxPathNotFound,
     SandboxStartFailed,
 )
-from trialflow.sandbox.base import ExecResult, ImageInfo, Mount, ReapReport, Sandbox, SandboxBackend
-from trialflow.sandbox.reaper import LABEL_CREATED_AT, LABEL_MANAGED, LABEL_TRIAL_ID, reap_containers
+from trialflow.sandbox.base import (
+    ExecResult,
+    ImageInfo,
+    Mount,
+    ReapReport,
+    Sandbox,
+    SandboxBackend,
+)
+from trialflow.sandbox.reaper import (
+    LABEL_CREATED_AT,
+    LABEL_MANAGED,
+    LABEL_TRIAL_ID,
+    reap_containers,
+)
 
 if TYPE_CHECKING:
     from trialflow.tasks import Task
@@ -80,7 +92,9 @@ def dockerfile_bases(text: str) -> list[str]:
 
 
 def _ensure_trialflow_base(client: docker.DockerClient) -> object:
-    from infra.base_image import ensure_base_image  # lazy: debootstrap tooling only when needed
+    from infra.base_image import (
+        ensure_base_image,  # lazy: debootstrap tooling only when needed
+    )
 
     return ensure_base_image(client)
 
@@ -205,13 +219,13 @@ class DockerSandbox(Sandbox):
             # coreutils `timeout` takes fractional seconds; KILL because TERM can be trapped.
             argv = ["timeout", "-s", "KILL", f"{max(timeout_s, 0.001):.3f}", *argv]
         t0 = time.monotonic()
-        blocking = lambda: self._exec_blocking(argv, env, user, workdir)  # noqa: E731
+        blocking = lambda: self._exec_blocking(argv, env, user, workdir)
         try:
             if timeout_s is None:
                 code, out, err = await self._call(blocking)
             else:
                 code, out, err = await asyncio.wait_for(self._call(blocking), timeout_s + EXEC_GRACE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return ExecResult(
                 exit_code=137, stdout="", timed_out=True, duration_s=time.monotonic() - t0,
                 stderr=f"[trialflow: output stream still open {EXEC_GRACE_S:.0f}s after the timeout "
@@ -357,7 +371,7 @@ class DockerBackend(SandboxBackend):
             try:
                 tail = await asyncio.wait_for(self._run(lambda: self._build_blocking(task, tag, timeout)),
                                               timeout + EXEC_GRACE_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise ImageBuildTimeout(f"task {task.name}: image build exceeded {timeout:.0f}s") from None
             image_id = await self._run(lambda: self._image_id(tag))
             if not image_id:
@@ -372,11 +386,11 @@ class DockerBackend(SandboxBackend):
             if make is None:
                 continue
             async with self._base_lock:
-                if await self._run(lambda: self._image_id(base)):
+                if await self._run(lambda b=base: self._image_id(b)):
                     continue
                 log.info("base image %s is missing: making it", base)
                 try:
-                    await self._run(lambda: make(self.client))
+                    await self._run(lambda m=make: m(self.client))
                 except Exception as e:  # debootstrap/mirror trouble: worth another attempt
                     raise BaseImageUnavailable(f"could not make base image {base}: {e}") from e
 
@@ -442,16 +456,16 @@ class DockerBackend(SandboxBackend):
         if envcfg.cpus > cpus:
             log.warning("task %s asks for %s cpus; host has %s: clamped", task.name, envcfg.cpus, cpus)
         name = f"tf-{_slug(trial_id)}-{uuid.uuid4().hex[:8]}"
-        kwargs = dict(
-            image=image.tag, name=name, entrypoint=["sleep"], command=["infinity"],
-            network_mode="host", init=True, detach=True,
-            labels=self.container_labels(task, trial_id, labels),
-            nano_cpus=int(min(envcfg.cpus, cpus) * 1e9),
-            mem_limit=f"{envcfg.memory_mb}m", memswap_limit=f"{envcfg.memory_mb}m",
-            environment=resolve_env(envcfg.env, self._host_env),
-            working_dir=envcfg.workdir,
-            mounts=[docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in mounts],
-        )
+        kwargs = {
+            "image": image.tag, "name": name, "entrypoint": ["sleep"], "command": ["infinity"],
+            "network_mode": "host", "init": True, "detach": True,
+            "labels": self.container_labels(task, trial_id, labels),
+            "nano_cpus": int(min(envcfg.cpus, cpus) * 1e9),
+            "mem_limit": f"{envcfg.memory_mb}m", "memswap_limit": f"{envcfg.memory_mb}m",
+            "environment": resolve_env(envcfg.env, self._host_env),
+            "working_dir": envcfg.workdir,
+            "mounts": [docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in mounts],
+        }
         if envcfg.workdir is None:
             del kwargs["working_dir"]
         try:

@@ -3,7 +3,12 @@ built-in `oracle` and `nop` scaffolds. claude-code, opencode and terminus live i
 modules and are imported only when asked for."""
 
 from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
-from trialflow.scaffolds.registry import available_scaffolds, get_scaffold, register_scaffold, scaffold_class
+from trialflow.scaffolds.registry import (
+    available_scaffolds,
+    get_scaffold,
+    register_scaffold,
+    scaffold_class,
+)
 
 __all__ = [
     "Scaffold",

@@ -1,7 +1,13 @@
 import pytest
 
 from trialflow.errors import UnknownScaffold
-from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, available_scaffolds, get_scaffold
+from trialflow.scaffolds import (
+    Scaffold,
+    ScaffoldContext,
+    ScaffoldResult,
+    available_scaffolds,
+    get_scaffold,
+)
 from trialflow.scaffolds.registry import register_scaffold, scaffold_class
 
 
