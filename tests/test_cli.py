@@ -1,0 +1,117 @@
+"""The `trialflow` CLI against REAL services: run (in-process worker), status, replay
+--failed, inspect; plus settings precedence and the metrics endpoint."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trialflow.cli import app
+from trialflow.metrics import TrialMetrics
+from trialflow.settings import load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+GOOD = REPO / "examples" / "tasks" / "create-file"
+BROKEN = REPO / "tests" / "trialflow" / "fixtures" / "tasks" / "broken-dockerfile"
+
+
+@pytest.fixture(scope="module")
+def cli_env(temporal_address, s3_endpoint, docker_client) -> dict[str, str]:
+    from infra.base_image import ensure_base_image
+
+    ensure_base_image(docker_client)
+    suffix = uuid.uuid4().hex[:8]
+    return {
+        "TRIALFLOW_TEMPORAL_ADDRESS": temporal_address,
+        "TRIALFLOW_TASK_QUEUE": f"cli-{suffix}",
+        "TRIALFLOW_S3_ENDPOINT": s3_endpoint.endpoint_url,
+        "TRIALFLOW_S3_BUCKET": s3_endpoint.bucket,
+        "TRIALFLOW_S3_PREFIX": f"cli-{suffix}",
+        "TRIALFLOW_S3_ACCESS_KEY": "trialflow",
+        "TRIALFLOW_S3_SECRET_KEY": "trialflow",
+        "TRIALFLOW_WORKER_ID": f"cli-{suffix}",
+        "TRIALFLOW_DRAIN_GRACE_S": "5",
+        "COLUMNS": "250",  # keep rich tables on one line per row
+    }
+
+
+def _invoke(env: dict[str, str], *args: str):
+    return CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+
+
+@pytest.mark.temporal
+@pytest.mark.docker
+@pytest.mark.s3
+def test_run_status_replay_inspect(cli_env):
+    batch_id = f"cli-{uuid.uuid4().hex[:6]}"
+    run = _invoke(cli_env, "run", str(GOOD), str(BROKEN), "--scaffold", "oracle", "--batch-id", batch_id)
+    assert run.exit_code == 1, run.output  # the broken Dockerfile is an error
+    good_id, broken_id = f"trial-{batch_id}-create-file-0", f"trial-{batch_id}-broken-dockerfile-0"
+    assert good_id in run.output and "1.000" in run.output
+    assert "ImageBuildFailed" in run.output
+
+    status = _invoke(cli_env, "status", batch_id)
+    assert status.exit_code == 0, status.output
+    assert good_id in status.output and broken_id in status.output and "COMPLETED" in status.output
+
+    replay = _invoke(cli_env, "replay", batch_id, "--failed")
+    assert replay.exit_code == 1, replay.output  # still broken
+    assert "replaying 1 failed trial" in replay.output and f"{broken_id}-r1" in replay.output
+
+    status = _invoke(cli_env, "status", batch_id)
+    assert f"{broken_id}-r1" in status.output  # linked to its original in the same batch
+
+    inspect = _invoke(cli_env, "inspect", good_id)
+    assert inspect.exit_code == 0, inspect.output
+    assert '"reward": 1.0' in inspect.output and '"termination_reason": "submitted"' in inspect.output
+
+
+@pytest.mark.temporal
+@pytest.mark.docker
+@pytest.mark.s3
+def test_rerunning_a_batch_attaches_to_its_trials(cli_env):
+    batch_id = f"cli-again-{uuid.uuid4().hex[:6]}"
+    first = _invoke(cli_env, "run", str(GOOD), "--batch-id", batch_id)
+    second = _invoke(cli_env, "run", str(GOOD), "--batch-id", batch_id)
+    assert first.exit_code == second.exit_code == 0, first.output + second.output
+    status = _invoke(cli_env, "status", batch_id)
+    assert status.output.count(f"trial-{batch_id}-create-file-0") == 1
+
+
+def test_flags_override_environment(monkeypatch):
+    monkeypatch.setenv("TRIALFLOW_TEMPORAL_ADDRESS", "env-host:1")
+    monkeypatch.setenv("TRIALFLOW_REPLICA_URLS", json.dumps(["http://env:8000"]))
+    monkeypatch.setenv("TRIALFLOW_MAX_CONCURRENT_TRIALS", "7")
+    s = load_settings(temporal_address="flag-host:2", replica_urls=None)
+    assert (s.temporal_address, s.replica_urls, s.max_concurrent_trials) == ("flag-host:2", ["http://env:8000"], 7)
+
+
+def test_worker_flags_parse_into_settings():
+    import worker_main
+
+    s = worker_main.parse_args(
+        ["--replica-urls", "http://a", "--replica-urls", "http://b", "--extra-scaffolds", '{"x": "m:C"}',
+         "--max-concurrent-trials", "2"]
+    )  # fmt: skip
+    assert s.replica_urls == ["http://a", "http://b"] and s.extra_scaffolds == {"x": "m:C"}
+    assert s.max_concurrent_trials == 2
+
+
+def test_metrics_endpoint_serves_trial_metrics():
+    metrics = TrialMetrics()
+    metrics.trials_completed.labels("submitted").inc()
+    metrics.phase_seconds.labels("verify").observe(1.5)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    metrics.serve(port, addr="127.0.0.1")
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'trialflow_trials_completed_total{termination="submitted"} 1.0' in body
+    assert 'trialflow_phase_seconds_count{phase="verify"} 1.0' in body
+    assert "trialflow_trials_running 0.0" in body
