@@ -12,8 +12,9 @@ Per sample, `TemporalAgentLoop.run`:
    sample of the same step always maps to the same id, so a restarted trainer re-attaches
    to the running (or finished) workflow instead of starting the trial again;
 3. asks verl's load balancer for the rollout servers' HTTP addresses (``replicas: verl``)
-   and passes them in the `TrialSpec` (``replicas``) with the global step (``step``), which
-   the worker's proxy session records as the policy version of every turn;
+   and passes them in the `TrialSpec` (``replicas``: the proxy session's own pool) with the
+   global step (``step``), meant as the session's policy version (not yet forwarded to the
+   proxy session: see docs/verl.md);
 4. runs it as a batch of one (`run_step`; ``trial_timeout_s`` cancels a straggler),
    reads the trajectory from the store and converts it (`convert.convert_trial`).
 
