@@ -278,3 +278,18 @@ async def test_missing_base_image_is_made_once(tmp_path, docker_client, make_bac
         for tag in [base, *(t.image_tag for t in tasks)]:
             with contextlib.suppress(docker.errors.ImageNotFound):
                 docker_client.images.remove(tag, force=True)
+
+
+async def test_exec_abandoned_when_a_detached_child_holds_the_output_open(make_backend):
+    be = make_backend(exec_grace_s=2)
+    sb = await be.create(load_task(EXAMPLES / "create-file"), trial_id="detached")
+    try:
+        await sb.start()
+        # setsid moves the child out of the process group `timeout` kills; it keeps stdout open.
+        res = await sb.exec("setsid sleep 120 & sleep 60", timeout_s=1)
+        assert res.timed_out and res.exit_code == 137 and "exec abandoned" in res.stderr
+        assert 3 <= res.duration_s < 15
+        # The sandbox stays usable.
+        assert (await sb.exec("echo alive", timeout_s=10)).stdout == "alive\n"
+    finally:
+        await sb.stop()

@@ -224,11 +224,12 @@ class DockerSandbox(Sandbox):
             if timeout_s is None:
                 code, out, err = await self._call(blocking)
             else:
-                code, out, err = await asyncio.wait_for(self._call(blocking), timeout_s + EXEC_GRACE_S)
+                grace = self._backend.exec_grace_s
+                code, out, err = await asyncio.wait_for(self._call(blocking), timeout_s + grace)
         except TimeoutError:
             return ExecResult(
                 exit_code=137, stdout="", timed_out=True, duration_s=time.monotonic() - t0,
-                stderr=f"[trialflow: output stream still open {EXEC_GRACE_S:.0f}s after the timeout "
+                stderr=f"[trialflow: output stream still open {grace:g}s after the timeout "
                        f"(a background process kept it open); exec abandoned]",
             )
         duration = time.monotonic() - t0
@@ -320,7 +321,7 @@ class DockerBackend(SandboxBackend):
     `base_images` maps local base image tags to a function that makes them; when a task's
     Dockerfile says `FROM` one that is missing, it is made first (once, under a lock).
     Default: `trialflow-base:bookworm` via `infra.base_image` (debootstrap, minutes on a
-    fresh machine). Pass `{}` to disable.
+    fresh machine). Pass `{}` to disable. `exec_grace_s`: see the module docstring.
     """
 
     def __init__(
@@ -332,10 +333,12 @@ class DockerBackend(SandboxBackend):
         max_threads: int = 256,
         host_env: Mapping[str, str] | None = None,
         base_images: Mapping[str, Callable[[docker.DockerClient], object]] | None = None,
+        exec_grace_s: float = EXEC_GRACE_S,
     ) -> None:
         self.client = client
         self.labels = dict(labels or {})
         self.output_cap = output_cap_bytes
+        self.exec_grace_s = exec_grace_s
         self._host_env = host_env
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="tf-docker")
         self._build_locks: dict[str, asyncio.Lock] = {}
