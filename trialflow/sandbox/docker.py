@@ -4,7 +4,8 @@ Images: each task's environment/ is built once per content hash and tagged
 `trialflow-task:<env_hash[:32]>` (`Task.image_tag`); a second `create()` for the same
 environment is a cache hit (`ImageInfo.built is False`). Builds use host networking (no
 bridge exists here) and never pull (`FROM` must name a local image such as
-`trialflow-base:bookworm`). `[environment].build_timeout_sec` bounds the build; a task
+`trialflow-base:bookworm`, which the backend makes first when it is missing: see
+`DockerBackend(base_images=...)`). `[environment].build_timeout_sec` bounds the build; a task
 with `docker_image` uses that local image as is (`ImageUnavailable` when it is absent).
 Changing a base image does not change task hashes: remove `trialflow-task:*` images then.
 
