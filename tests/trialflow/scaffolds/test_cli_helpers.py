@@ -7,10 +7,14 @@ import shlex
 
 import pytest
 
+from tests.trialflow.conftest import EXAMPLES
 from trialflow.errors import ScaffoldSetupFailed
+from trialflow.sandbox.base import Sandbox
+from trialflow.scaffolds import ScaffoldContext, get_scaffold
 from trialflow.scaffolds._cli import CliRun, cli_mount, find_binary
 from trialflow.scaffolds.claude_code import claude_argv, claude_env, summarize_stream
 from trialflow.scaffolds.opencode import opencode_config, opencode_env, summarize_events
+from trialflow.tasks import load_task
 
 # Shapes as Claude Code 2.1.197 printed them against a scripted endpoint (trimmed).
 CLAUDE_STREAM = "\n".join([
@@ -99,3 +103,35 @@ def test_find_binary(tmp_path):
         find_binary(tmp_path, ["a/tool"], what="tool")
     mount = cli_mount(tmp_path / "b" / "tool", "tool")
     assert mount.target == "/opt/trialflow/bin/tool" and mount.read_only
+
+
+class _UntouchedSandbox(Sandbox):
+    """A fake that fails the test if a scaffold touches the sandbox at all."""
+
+    id = "untouched"
+
+    async def start(self):
+        raise AssertionError("sandbox used")
+
+    async def exec(self, cmd, **kw):
+        raise AssertionError("sandbox used")
+
+    async def upload(self, local_path, remote_dir):
+        raise AssertionError("sandbox used")
+
+    async def download(self, remote_path, local_dir):
+        raise AssertionError("sandbox used")
+
+    async def stop(self):
+        raise AssertionError("sandbox used")
+
+
+@pytest.mark.parametrize(("name", "needs"), [("claude-code", "anthropic_base_url"), ("opencode", "openai_base_url"),
+                                             ("terminus", "openai_base_url")])
+async def test_model_scaffolds_without_a_proxy_session_fail_setup_before_touching_the_sandbox(name, needs):
+    scaffold = get_scaffold(name)
+    assert scaffold.name == name and scaffold.needs_model is True
+    task = load_task(EXAMPLES / "create-file")
+    ctx = ScaffoldContext(sandbox=_UntouchedSandbox(), task=task, model="tiny")
+    with pytest.raises(ScaffoldSetupFailed, match=needs):
+        await scaffold.run(ctx)
