@@ -24,10 +24,10 @@ import os
 import signal
 import socket
 import typing
-from typing import TYPE_CHECKING
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import docker
 from temporalio.client import Client
@@ -72,14 +72,18 @@ class WorkerProcess:
         log.info("worker polling %s and %s", self.settings.task_queue, self.host_queue)
         try:
             stopped = asyncio.create_task(stop.wait())
-            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                [stopped, *tasks], return_when=asyncio.FIRST_COMPLETED
+            )
             for task in done:
                 if task is not stopped:
                     task.result()  # a worker died: surface its error
         finally:
             log.info("draining (grace %.0fs)", self.settings.drain_grace_s)
             reaper.cancel()
-            await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
+            await asyncio.gather(
+                *(w.shutdown() for w in self.workers), return_exceptions=True
+            )
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.proxy is not None:
                 await self.proxy.stop()
@@ -123,9 +127,13 @@ def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
     )
 
 
-async def build(settings: TrialflowSettings, client: Client | None = None) -> WorkerProcess:
+async def build(
+    settings: TrialflowSettings, client: Client | None = None
+) -> WorkerProcess:
     """Connect, start the proxy, create the activity objects and the two workers."""
-    client = client or await connect(settings.temporal_address, settings.temporal_namespace)
+    client = client or await connect(
+        settings.temporal_address, settings.temporal_namespace
+    )
     worker_id = settings.worker_id or str(os.getpid())
     queue = host_queue(socket.gethostname(), worker_id)
     metrics = TrialMetrics()
@@ -137,7 +145,9 @@ async def build(settings: TrialflowSettings, client: Client | None = None) -> Wo
     if proxy is not None:
         await proxy.start()
     sandbox = SandboxActivities(backend, store.uri, queue, metrics)
-    scaffold = ScaffoldActivities(proxy, backend, store, metrics, client, settings.model_name)
+    scaffold = ScaffoldActivities(
+        proxy, backend, store, metrics, client, settings.model_name
+    )
     verify = VerifyActivities(backend, store, metrics)
     results = StoreActivities(store, metrics)
     grace = timedelta(seconds=settings.drain_grace_s)
@@ -159,7 +169,9 @@ async def build(settings: TrialflowSettings, client: Client | None = None) -> Wo
         graceful_shutdown_timeout=grace,
     )
     metrics.serve(settings.metrics_port)
-    return WorkerProcess(settings, client, proxy, backend, metrics, queue, [shared, host])
+    return WorkerProcess(
+        settings, client, proxy, backend, metrics, queue, [shared, host]
+    )
 
 
 async def serve(settings: TrialflowSettings) -> None:
@@ -188,7 +200,9 @@ def parse_args(argv: Sequence[str] | None = None) -> TrialflowSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     asyncio.run(serve(parse_args(argv)))
 
 

@@ -51,7 +51,10 @@ class SandboxActivities:
             mounts = list(get_scaffold(inp.scaffold).mounts()) if inp.scaffold else []
             async with heartbeating(interval_s=heartbeat_interval()):
                 sandbox = await self._backend.create(
-                    task, trial_id=f"{inp.trial_id}-a{inp.attempt}", labels=labels, mounts=mounts
+                    task,
+                    trial_id=f"{inp.trial_id}-a{inp.attempt}",
+                    labels=labels,
+                    mounts=mounts,
                 )
                 try:
                     await sandbox.start()
@@ -66,7 +69,9 @@ class SandboxActivities:
         return SetupOutput(
             sandbox_id=sandbox.id,
             host_queue=self._host_queue,
-            attempt_uri=self._store_uri(TrialKeys(inp.batch_id, inp.trial_id, inp.attempt).root),
+            attempt_uri=self._store_uri(
+                TrialKeys(inp.batch_id, inp.trial_id, inp.attempt).root
+            ),
             agent_timeout_s=agent_timeout if agent_timeout is not None else 3600.0,
             verifier_timeout_s=task.config.verifier.timeout_sec,
             seconds=seconds,

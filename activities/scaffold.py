@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from activities._support import heartbeat_interval, typed_errors
 from proxy.trajectory import Trajectory
@@ -38,7 +39,13 @@ from trialflow.sandbox.base import SandboxBackend
 from trialflow.scaffolds import ScaffoldContext, ScaffoldResult, get_scaffold
 from trialflow.storage import ResultStore, StoreCheckpointSink, TrialKeys
 from trialflow.tasks import load_task
-from workflows.shared import ScaffoldHeartbeat, ScaffoldInput, ScaffoldOutput, Termination, TrialError
+from workflows.shared import (
+    ScaffoldHeartbeat,
+    ScaffoldInput,
+    ScaffoldOutput,
+    Termination,
+    TrialError,
+)
 
 if TYPE_CHECKING:  # the proxy stack is optional: model-free workers never load it
     from proxy.server import ProxyServer
@@ -77,7 +84,9 @@ class ScaffoldActivities:
             scaffold = get_scaffold(inp.scaffold)
             sandbox = await self._backend.attach(inp.sandbox_id)
             model = inp.model or self._default_model
-            session = self._open_session(inp, keys, model) if scaffold.needs_model else None
+            session = (
+                self._open_session(inp, keys, model) if scaffold.needs_model else None
+            )
             ctx = ScaffoldContext(
                 sandbox=sandbox,
                 task=task,
@@ -87,7 +96,9 @@ class ScaffoldActivities:
                 timeout_s=inp.agent_timeout_s,
                 log_dir=Path(tmp),
             )
-            beats = asyncio.create_task(self._beat(inp, session.session_id if session else None))
+            beats = asyncio.create_task(
+                self._beat(inp, session.session_id if session else None)
+            )
             trajectory: Trajectory | None = None
             try:
                 outcome = await scaffold.run(ctx)
@@ -137,7 +148,11 @@ class ScaffoldActivities:
         try:
             config = self._proxy.defaults.with_overrides(overrides)
         except (TypeError, ValueError) as err:
-            raise ApplicationError(f"bad session settings: {err}", type="InvalidSampling", non_retryable=True) from err
+            raise ApplicationError(
+                f"bad session settings: {err}",
+                type="InvalidSampling",
+                non_retryable=True,
+            ) from err
         config = replace(
             config,
             replicas=tuple(inp.replicas or config.replicas),
@@ -146,11 +161,17 @@ class ScaffoldActivities:
         )
         return self._proxy.open_session(config)
 
-    async def _store_logs(self, keys: TrialKeys, outcome: ScaffoldResult, log_dir: Path) -> str:
-        uri = await asyncio.to_thread(self._store.put_bytes, keys.log("scaffold.log"), outcome.log.encode())
+    async def _store_logs(
+        self, keys: TrialKeys, outcome: ScaffoldResult, log_dir: Path
+    ) -> str:
+        uri = await asyncio.to_thread(
+            self._store.put_bytes, keys.log("scaffold.log"), outcome.log.encode()
+        )
         for path in sorted(p for p in log_dir.rglob("*") if p.is_file()):
             name = f"scaffold/{path.relative_to(log_dir)}"
-            await asyncio.to_thread(self._store.put_bytes, keys.log(name), path.read_bytes())
+            await asyncio.to_thread(
+                self._store.put_bytes, keys.log(name), path.read_bytes()
+            )
         return uri
 
     async def _beat(self, inp: ScaffoldInput, session_id: str | None) -> None:
@@ -161,15 +182,23 @@ class ScaffoldActivities:
         while True:
             beat = ScaffoldHeartbeat(attempt=inp.attempt)
             if session_id is not None and self._proxy is not None:
-                beat = beat.model_copy(update=live_counts(self._proxy.session_stats(session_id)))
+                beat = beat.model_copy(
+                    update=live_counts(self._proxy.session_stats(session_id))
+                )
             activity.heartbeat(beat)
             if self._client is not None and beat != last:
                 try:
-                    handle = self._client.get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+                    handle = self._client.get_workflow_handle(
+                        info.workflow_id, run_id=info.workflow_run_id
+                    )
                     await handle.signal(PROGRESS_SIGNAL, beat)
                     last = beat
-                except Exception as err:  # progress is advisory: never fail the trial for it
-                    log.warning("progress signal for %s failed: %s", info.workflow_id, err)
+                except (
+                    RPCError
+                ) as err:  # progress is advisory: never fail the trial for it
+                    log.warning(
+                        "progress signal for %s failed: %s", info.workflow_id, err
+                    )
             await asyncio.sleep(interval)
 
 
@@ -207,7 +236,8 @@ def outcome_of(
         tail = outcome.stderr.strip().splitlines()[-3:]
         return "scaffold_error", TrialError(
             type="ScaffoldExit",
-            message=f"scaffold exited with code {outcome.exit_code}" + (f": {' | '.join(tail)}" if tail else ""),
+            message=f"scaffold exited with code {outcome.exit_code}"
+            + (f": {' | '.join(tail)}" if tail else ""),
             phase="scaffold",
             attempt=attempt,
         )

@@ -33,7 +33,10 @@ class StoreActivities:
         key = trial_result_key(result.batch_id, result.trial_id)
         with typed_errors():
             uri = await asyncio.to_thread(
-                self._store.put_bytes, key, result.model_dump_json(indent=2).encode(), "application/json"
+                self._store.put_bytes,
+                key,
+                result.model_dump_json(indent=2).encode(),
+                "application/json",
             )
         self._metrics.trials_completed.labels(result.termination_reason).inc()
         if result.error is not None:

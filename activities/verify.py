@@ -25,7 +25,9 @@ from workflows.shared import VerifyInput, VerifyOutput
 
 
 class VerifyActivities:
-    def __init__(self, backend: SandboxBackend, store: ResultStore, metrics: TrialMetrics) -> None:
+    def __init__(
+        self, backend: SandboxBackend, store: ResultStore, metrics: TrialMetrics
+    ) -> None:
         self._backend = backend
         self._store = store
         self._metrics = metrics
@@ -39,7 +41,10 @@ class VerifyActivities:
             async with heartbeating(interval_s=heartbeat_interval()):
                 with tempfile.TemporaryDirectory(prefix="tf-verify-") as tmp:
                     result = await run_verifier(
-                        sandbox, task, timeout_s=inp.verifier_timeout_s, log_dir=Path(tmp)
+                        sandbox,
+                        task,
+                        timeout_s=inp.verifier_timeout_s,
+                        log_dir=Path(tmp),
                     )
                     await self._store_logs(inp, Path(tmp), result)
         seconds = time.monotonic() - started
@@ -49,14 +54,21 @@ class VerifyActivities:
             rewards=dict(result.rewards),
             reward=result.reward if problem is None else 0.0,
             reward_valid=problem is None,
-            reward_error=f"{type(problem).__name__}: {problem}" if problem is not None else None,
+            reward_error=f"{type(problem).__name__}: {problem}"
+            if problem is not None
+            else None,
             seconds=seconds,
         )
 
-    async def _store_logs(self, inp: VerifyInput, log_dir: Path, result: VerifierResult) -> None:
+    async def _store_logs(
+        self, inp: VerifyInput, log_dir: Path, result: VerifierResult
+    ) -> None:
         """Verifier output next to the attempt: stdout/stderr and whatever /logs/verifier held."""
         keys = TrialKeys(inp.batch_id, inp.trial_id, inp.attempt)
-        objects = {"verifier/stdout.txt": result.stdout.encode(), "verifier/stderr.txt": result.stderr.encode()}
+        objects = {
+            "verifier/stdout.txt": result.stdout.encode(),
+            "verifier/stderr.txt": result.stderr.encode(),
+        }
         for path in sorted(p for p in log_dir.rglob("*") if p.is_file()):
             objects[f"verifier/files/{path.relative_to(log_dir)}"] = path.read_bytes()
         for name, data in objects.items():

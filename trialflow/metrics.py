@@ -13,7 +13,13 @@ like any other client.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 _PHASE_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 _TURN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
@@ -23,7 +29,9 @@ class TrialMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.trials_running = Gauge(
-            "trialflow_trials_running", "Sandboxes alive on this worker", registry=self.registry
+            "trialflow_trials_running",
+            "Sandboxes alive on this worker",
+            registry=self.registry,
         )
         self.trials_completed = Counter(
             "trialflow_trials_completed",

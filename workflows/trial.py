@@ -87,7 +87,11 @@ VERIFY_GRACE = timedelta(minutes=1)
 TEARDOWN_TIMEOUT = timedelta(minutes=2)
 ATTEMPT_BACKOFF = timedelta(seconds=2)
 
-_HOST_LOST = {TimeoutType.SCHEDULE_TO_START, TimeoutType.HEARTBEAT, TimeoutType.START_TO_CLOSE}
+_HOST_LOST = {
+    TimeoutType.SCHEDULE_TO_START,
+    TimeoutType.HEARTBEAT,
+    TimeoutType.START_TO_CLOSE,
+}
 
 
 class _AttemptLost(Exception):
@@ -135,7 +139,10 @@ def classify(err: ActivityError, phase: Phase, attempt: int) -> TrialError:
     if isinstance(cause, TimeoutError):
         kind = cause.type.name if cause.type is not None else "UNKNOWN"
         return TrialError(
-            type=f"ActivityTimeout.{kind}", message=str(cause), phase=phase, attempt=attempt
+            type=f"ActivityTimeout.{kind}",
+            message=str(cause),
+            phase=phase,
+            attempt=attempt,
         )
     return TrialError(
         type=type(cause).__name__ if cause else "ActivityError",
@@ -161,7 +168,10 @@ class TrialWorkflow:
     @workflow.signal
     def report_progress(self, beat: ScaffoldHeartbeat) -> None:
         """Fed by the scaffold activity; beats from an older attempt are ignored."""
-        if beat.attempt == self._progress.attempt and self._progress.phase == "scaffold":
+        if (
+            beat.attempt == self._progress.attempt
+            and self._progress.phase == "scaffold"
+        ):
             self._progress.turns = beat.turns
             self._progress.prompt_tokens = beat.prompt_tokens
             self._progress.response_tokens = beat.response_tokens
@@ -176,7 +186,10 @@ class TrialWorkflow:
             for attempt in range(1, spec.attempt_limit + 1):
                 try:
                     await self._attempt(spec, attempt, tally)
-                    error, termination = None, None  # an earlier lost attempt is history
+                    error, termination = (
+                        None,
+                        None,
+                    )  # an earlier lost attempt is history
                     break
                 except _AttemptLost as lost:
                     error = lost.error
@@ -250,11 +263,13 @@ class TrialWorkflow:
     async def _scaffold_and_verify(
         self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput
     ) -> None:
-        host = dict(
-            task_queue=setup.host_queue,
-            schedule_to_start_timeout=timedelta(seconds=spec.host_schedule_timeout_s),
-            heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_s),
-        )
+        host = {
+            "task_queue": setup.host_queue,
+            "schedule_to_start_timeout": timedelta(
+                seconds=spec.host_schedule_timeout_s
+            ),
+            "heartbeat_timeout": timedelta(seconds=spec.heartbeat_timeout_s),
+        }
         agent_timeout = spec.agent_timeout_s or setup.agent_timeout_s
         self._progress.phase = "scaffold"
         scaffold = await self._run_phase(
@@ -302,7 +317,8 @@ class TrialWorkflow:
                 task_path=spec.task_path,
                 verifier_timeout_s=setup.verifier_timeout_s,
             ),
-            start_to_close_timeout=timedelta(seconds=setup.verifier_timeout_s) + VERIFY_GRACE,
+            start_to_close_timeout=timedelta(seconds=setup.verifier_timeout_s)
+            + VERIFY_GRACE,
             retry_policy=VERIFY_RETRY,
             **host,
         )
@@ -346,18 +362,27 @@ class TrialWorkflow:
         engine can still remove the container (shared-queue fallback); elsewhere the
         periodic reaper does."""
         started = workflow.now()
-        arg = TeardownInput(batch_id=spec.batch_id, trial_id=spec.trial_id, attempt=attempt, sandbox_id=setup.sandbox_id)
+        arg = TeardownInput(
+            batch_id=spec.batch_id,
+            trial_id=spec.trial_id,
+            attempt=attempt,
+            sandbox_id=setup.sandbox_id,
+        )
         try:
             await workflow.execute_activity_method(
                 SandboxActivities.teardown,
                 arg,
                 task_queue=setup.host_queue,
-                schedule_to_start_timeout=timedelta(seconds=spec.host_schedule_timeout_s),
+                schedule_to_start_timeout=timedelta(
+                    seconds=spec.host_schedule_timeout_s
+                ),
                 start_to_close_timeout=TEARDOWN_TIMEOUT,
                 retry_policy=TEARDOWN_RETRY,
             )
         except ActivityError as err:
-            workflow.logger.warning("teardown of %s on its host failed: %s", setup.sandbox_id, err.cause)
+            workflow.logger.warning(
+                "teardown of %s on its host failed: %s", setup.sandbox_id, err.cause
+            )
             try:
                 await workflow.execute_activity_method(
                     SandboxActivities.teardown,
@@ -367,13 +392,17 @@ class TrialWorkflow:
                     retry_policy=TEARDOWN_RETRY,
                 )
             except ActivityError as err2:
-                workflow.logger.warning("fallback teardown of %s failed: %s", setup.sandbox_id, err2.cause)
+                workflow.logger.warning(
+                    "fallback teardown of %s failed: %s", setup.sandbox_id, err2.cause
+                )
         finally:
             tally.add_time("teardown", (workflow.now() - started).total_seconds())
 
     def _ensure_start_attributes(self, spec: TrialSpec) -> None:
         """Clients set these at start; a workflow started elsewhere gets them here."""
-        if workflow.info().typed_search_attributes.get(SearchAttributeKey.for_keyword(SA_BATCH)):
+        if workflow.info().typed_search_attributes.get(
+            SearchAttributeKey.for_keyword(SA_BATCH)
+        ):
             return
         updates = [
             SearchAttributeKey.for_keyword(SA_BATCH).value_set(spec.batch_id),
@@ -409,8 +438,12 @@ class TrialWorkflow:
             termination_reason=termination,
             turns=scaffold.turns if scaffold else self._progress.turns,
             tool_calls=scaffold.tool_calls if scaffold else 0,
-            prompt_tokens=scaffold.prompt_tokens if scaffold else self._progress.prompt_tokens,
-            response_tokens=scaffold.response_tokens if scaffold else self._progress.response_tokens,
+            prompt_tokens=scaffold.prompt_tokens
+            if scaffold
+            else self._progress.prompt_tokens,
+            response_tokens=scaffold.response_tokens
+            if scaffold
+            else self._progress.response_tokens,
             timings=tally.timings,
             attempts=tally.attempts,
             trajectory_uris=tally.trajectory_uris,

@@ -51,7 +51,9 @@ class FakeTrial:
     setup_error: ApplicationError | None = None
     scaffold_termination: str = "submitted"
     scaffold_delay_s: float = 0.0
-    calls: list[tuple[str, str, int]] = field(default_factory=list)  # (activity, queue, attempt)
+    calls: list[tuple[str, str, int]] = field(
+        default_factory=list
+    )  # (activity, queue, attempt)
     stored: list[StoreResultInput] = field(default_factory=list)
 
     def _note(self, name: str, attempt: int) -> None:
@@ -101,7 +103,9 @@ class FakeTrial:
     @activity.defn(name="trial.store_result")
     async def store_result(self, inp: StoreResultInput) -> StoreResultOutput:
         self.stored.append(inp)
-        return StoreResultOutput(result_uri=f"file:///store/{inp.result.trial_id}/result.json")
+        return StoreResultOutput(
+            result_uri=f"file:///store/{inp.result.trial_id}/result.json"
+        )
 
 
 @pytest.fixture
@@ -115,7 +119,13 @@ async def harness(client: Client) -> AsyncIterator[tuple[FakeTrial, str]]:
     suffix = uuid.uuid4().hex[:8]
     shared, live = f"test-shared-{suffix}", f"test-host-{suffix}"
     fake = FakeTrial(live_queue=live)
-    acts = [fake.setup, fake.run_scaffold, fake.verify, fake.teardown, fake.store_result]
+    acts = [
+        fake.setup,
+        fake.run_scaffold,
+        fake.verify,
+        fake.teardown,
+        fake.store_result,
+    ]
     async with (
         Worker(client, task_queue=shared, workflows=[TrialWorkflow], activities=acts),
         Worker(client, task_queue=live, activities=acts),
@@ -124,14 +134,14 @@ async def harness(client: Client) -> AsyncIterator[tuple[FakeTrial, str]]:
 
 
 def _spec(**kw) -> TrialSpec:
-    fields = dict(
-        batch_id=f"b{uuid.uuid4().hex[:6]}",
-        task_path="/tasks/hello",
-        task_name="hello",
-        scaffold="oracle",
-        heartbeat_timeout_s=2,
-        host_schedule_timeout_s=2,
-    )
+    fields = {
+        "batch_id": f"b{uuid.uuid4().hex[:6]}",
+        "task_path": "/tasks/hello",
+        "task_name": "hello",
+        "scaffold": "oracle",
+        "heartbeat_timeout_s": 2,
+        "host_schedule_timeout_s": 2,
+    }
     return TrialSpec(**(fields | kw))
 
 
@@ -144,7 +154,9 @@ async def test_success_runs_every_phase_on_the_right_queue(client, harness):
         ("setup", True), ("scaffold", False), ("verify", False), ("teardown", False),
     ]  # fmt: skip
     assert set(result.timings) == {"setup", "scaffold", "verify", "teardown"}
-    assert result.trajectory_uris == [f"file:///store/{result.trial_id}/attempt-1/trajectory.npz"]
+    assert result.trajectory_uris == [
+        f"file:///store/{result.trial_id}/attempt-1/trajectory.npz"
+    ]
     assert result.result_uri and fake.stored[0].result.trial_id == result.trial_id
 
 
@@ -168,18 +180,29 @@ async def test_every_attempt_lost_is_an_infra_error(client, harness):
     fake.setup_queues = [DEAD_QUEUE, DEAD_QUEUE]
     [result] = await batch.run(client, [_spec(attempt_limit=2)], task_queue=shared)
     assert result.termination_reason == "infra_error" and result.attempts == 2
-    assert result.error is not None and result.error.type == "ActivityTimeout.SCHEDULE_TO_START"
+    assert (
+        result.error is not None
+        and result.error.type == "ActivityTimeout.SCHEDULE_TO_START"
+    )
     assert len(result.trajectory_uris) == 2
 
 
-async def test_non_retryable_setup_error_fails_fast_with_error_recorded(client, harness):
+async def test_non_retryable_setup_error_fails_fast_with_error_recorded(
+    client, harness
+):
     fake, shared = harness
-    fake.setup_error = ApplicationError("Dockerfile broke", type="ImageBuildFailed", non_retryable=True)
+    fake.setup_error = ApplicationError(
+        "Dockerfile broke", type="ImageBuildFailed", non_retryable=True
+    )
     [result] = await batch.run(client, [_spec()], task_queue=shared)
     assert [c[0] for c in fake.calls] == ["setup"]  # no retry, no other phase
     assert result.termination_reason == "verifier_error"
     assert result.error is not None
-    assert (result.error.type, result.error.phase, result.error.non_retryable) == ("ImageBuildFailed", "setup", True)
+    assert (result.error.type, result.error.phase, result.error.non_retryable) == (
+        "ImageBuildFailed",
+        "setup",
+        True,
+    )
     assert fake.stored[0].result.error == result.error  # stored as data too
 
 
@@ -226,7 +249,7 @@ async def test_replayer_accepts_a_recorded_history(client, harness):
     spec = _spec()
     await batch.run(client, [spec], task_queue=shared)
     history = await client.get_workflow_handle(spec.trial_id).fetch_history()
-    replayed = await Replayer(workflows=[TrialWorkflow], data_converter=client.data_converter).replay_workflow(
-        history
-    )
+    replayed = await Replayer(
+        workflows=[TrialWorkflow], data_converter=client.data_converter
+    ).replay_workflow(history)
     assert replayed.replay_failure is None
