@@ -32,6 +32,7 @@ import asyncio
 import base64
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,12 +164,22 @@ def _error_message(body: str) -> str:
 class VLLMClient:
     """Client for one vLLM replica at ``url`` (``http://host:port``, no ``/v1``).
 
-    ``timeout_s`` bounds a whole generation call; None means unbounded. The aiohttp
+    ``timeout_s`` bounds a whole generation call; None means unbounded. ``on_response``
+    sees every 200 body as decoded JSON before parsing (tracing; tests compare it with
+    the trajectory). The aiohttp
     session is created lazily in the running loop and closed by ``close()``.
     """
 
-    def __init__(self, url: str, *, timeout_s: float | None = 600.0, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float | None = 600.0,
+        connect_timeout_s: float = 5.0,
+        on_response: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
+        self._on_response = on_response
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._http: aiohttp.ClientSession | None = None
 
@@ -197,6 +208,8 @@ class VLLMClient:
             payload = json.loads(text)
         except ValueError as exc:
             raise BackendProtocolError(f"{self.url}: response is not JSON", replica=self.url) from exc
+        if self._on_response is not None:
+            self._on_response(payload)
         try:
             return parse_completion(payload, req, replica=self.url)
         except BackendProtocolError as exc:
