@@ -131,6 +131,13 @@ async def run_cli(
 ) -> ScaffoldResult:
     """Run `run` in the sandbox; see the module docstring. Infra errors propagate."""
     started = time.monotonic()
+    if user is not None and str(user) not in ("0", "root"):
+        # A non-root agent user cannot create /logs/agent (or its HOME under a root-owned
+        # parent): make both as root and hand them over.
+        dirs = f"{AGENT_LOG_DIR} {shlex.quote(run.home)}"
+        prep = await ctx.sandbox.exec(f"mkdir -p {dirs} && chown {shlex.quote(str(user))} {dirs}", timeout_s=30, user="0")
+        if not prep.ok:
+            raise ScaffoldSetupFailed(f"could not prepare {dirs} for user {user}: {prep.stderr.strip()}")
     agent = asyncio.create_task(
         ctx.sandbox.exec(run.script(), timeout_s=ctx.timeout_s, env={**run.env, **ctx.env}, user=user)
     )

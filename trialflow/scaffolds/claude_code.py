@@ -36,7 +36,7 @@ BINARY_CANDIDATES = (
     "@anthropic-ai/claude-code/bin/claude.exe",  # the postinstall hard link to the same binary
 )
 IN_SANDBOX = f"{MOUNT_DIR}/claude"
-HOME = "/tmp/trialflow/claude-home"
+HOME = "/tmp/trialflow-claude-home"
 
 
 @dataclass(frozen=True)

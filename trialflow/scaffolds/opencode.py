@@ -35,7 +35,7 @@ BINARY_CANDIDATES = (
     "opencode-ai/bin/opencode.exe",
 )
 IN_SANDBOX = f"{MOUNT_DIR}/opencode"
-HOME = "/tmp/trialflow/opencode-home"
+HOME = "/tmp/trialflow-opencode-home"
 PROVIDER_ID = "trialflow"
 
 

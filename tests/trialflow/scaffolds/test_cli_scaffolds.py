@@ -4,6 +4,8 @@ hermes tool calls through the tiny model's tokenizer). The task verifier grades 
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from tests.doubles.scripted_vllm import Reply
@@ -134,3 +136,28 @@ async def test_claude_code_agent_timeout_is_an_outcome(sandbox_for, scripted_pro
     assert result.timed_out and result.duration_s < 8 + 10
     assert summarize_stream(result.stdout).result_subtype is None  # killed before any result
     assert beats and beats[0]["scaffold"] == "claude-code" and "output_lines" in beats[0]
+
+
+async def test_claude_code_runs_as_the_tasks_agent_user(sandbox_for, scripted_proxy, tmp_path):
+    scaffold = get_scaffold("claude-code", max_turns=3)
+    require_cli(scaffold)
+    task_dir = tmp_path / "as-nobody"
+    shutil.copytree(EXAMPLES / "create-file", task_dir)
+    toml = (task_dir / "task.toml").read_text().replace("[agent]\n", '[agent]\nuser = "nobody"\n', 1)
+    (task_dir / "task.toml").write_text(toml)
+    task = load_task(task_dir)
+    assert task.config.agent.user == "nobody"
+    proxy, _ = await scripted_proxy([
+        Reply(hermes_call("Bash", {"command": "id -un > /tmp/agent-user.txt", "description": "who"})),
+        Reply("Done."),
+    ])
+    sandbox = await sandbox_for(task, mounts=scaffold.mounts())
+    handle = proxy.open_session()
+    ctx = ScaffoldContext(sandbox=sandbox, task=task, anthropic_base_url=handle.anthropic_base_url,
+                          model="tiny", timeout_s=180)
+
+    result = await scaffold.run(ctx)
+
+    assert result.exit_code == 0, result.log
+    who = await sandbox.exec(["cat", "/tmp/agent-user.txt"])
+    assert who.stdout.strip() == "nobody"
