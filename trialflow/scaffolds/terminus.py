@@ -15,12 +15,15 @@ Ending (exit codes of the `ScaffoldResult`, stdout = one JSON line per turn):
 - 3  the proxy answered with an error or could not be reached (message in stderr); e.g.
      the context is exhausted
 - `timed_out=True` (exit code 124) when `ctx.timeout_s` ran out; the loop stops typing then.
+Whatever the ending, the tmux server is killed afterwards: commands still running in the
+terminal do not outlive the agent into the verification.
 Sandbox failures (`SandboxLost`) propagate. A sandbox without tmux raises `ScaffoldSetupFailed`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -28,7 +31,7 @@ from typing import Any
 
 import openai
 
-from trialflow.errors import ScaffoldSetupFailed
+from trialflow.errors import SandboxLost, ScaffoldSetupFailed
 from trialflow.sandbox.base import Sandbox
 from trialflow.scaffolds import _terminus_protocol as proto
 from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
@@ -73,6 +76,12 @@ class TmuxTerminal:
 
     async def screen(self) -> str:
         return await self._tmux("capture-pane", "-p", "-J", "-t", TMUX_SESSION)
+
+    async def stop(self) -> None:
+        """Kill the tmux server and with it every command still running in the terminal, so
+        nothing the agent started keeps changing the sandbox while the verifier runs.
+        A server that is not running is fine."""
+        await self._sandbox.exec(["tmux", "kill-server"], timeout_s=30, user=self._user)
 
 
 @dataclass
@@ -138,6 +147,8 @@ class TerminusScaffold(Scaffold):
             return state.result(EXIT_TIMEOUT, timed_out=True)
         finally:
             await client.close()
+            with contextlib.suppress(SandboxLost):  # the verifier reports a lost sandbox next
+                await terminal.stop()
             if ctx.log_dir is not None:
                 ctx.log_dir.mkdir(parents=True, exist_ok=True)
                 (ctx.log_dir / "terminus.jsonl").write_text("\n".join(state.log) + "\n")

@@ -76,9 +76,12 @@ async def test_terminus_turn_limit(sandbox_for, scripted_proxy):
 
 async def test_terminus_agent_timeout_is_an_outcome(sandbox_for, scripted_proxy):
     script = [reply([("sleep 100\n", 60)])]
-    _, _, _, result, _, _ = await _run(sandbox_for, scripted_proxy, script, timeout_s=6)
+    _, _, ctx, result, _, _ = await _run(sandbox_for, scripted_proxy, script, timeout_s=6)
     assert result.timed_out and result.exit_code == EXIT_TIMEOUT and result.duration_s < 10
     assert "agent timeout" in result.stderr
+    # The agent's command does not outlive it.
+    ps = await ctx.sandbox.exec(["pgrep", "-f", "sleep 100"])
+    assert ps.exit_code == 1, ps.stdout
 
 
 async def test_terminus_proxy_error_ends_the_run(sandbox_for, scripted_proxy):
