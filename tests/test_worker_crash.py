@@ -154,8 +154,8 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
             f"crash-{suffix}",
             [TASK],
             "test-slow-chat",
-            heartbeat_timeout_s=3,
-            host_schedule_timeout_s=5,
+            heartbeat_timeout_s=6,
+            host_schedule_timeout_s=10,
         )[0]
         [handle] = await batch.submit(client, [spec], task_queue=settings.task_queue)
 

@@ -139,8 +139,9 @@ def _spec(**kw) -> TrialSpec:
         "task_path": "/tasks/hello",
         "task_name": "hello",
         "scaffold": "oracle",
-        "heartbeat_timeout_s": 2,
-        "host_schedule_timeout_s": 2,
+        # Generous on a loaded 2-core machine; tests with a dead queue shorten it.
+        "heartbeat_timeout_s": 10,
+        "host_schedule_timeout_s": 30,
     }
     return TrialSpec(**(fields | kw))
 
@@ -160,10 +161,32 @@ async def test_success_runs_every_phase_on_the_right_queue(client, harness):
     assert result.result_uri and fake.stored[0].result.trial_id == result.trial_id
 
 
+async def test_search_attributes_set_at_start_and_upserted_at_end(client, harness):
+    fake, shared = harness
+    spec = _spec(step=7)
+    await batch.run(client, [spec], task_queue=shared)
+    [trial] = await batch.list_trials(client, spec.batch_id)
+    assert (trial.workflow_id, trial.task, trial.status) == (
+        spec.trial_id,
+        "hello",
+        "COMPLETED",
+    )
+    assert (trial.reward, trial.termination) == (1.0, "submitted")
+    step = [
+        wf
+        async for wf in client.list_workflows(
+            f'TrialStep = 7 AND TrialBatchId = "{spec.batch_id}"'
+        )
+    ]
+    assert [wf.id for wf in step] == [spec.trial_id]
+
+
 async def test_lost_host_starts_a_new_attempt_and_lists_both(client, harness):
     fake, shared = harness
     fake.setup_queues = [DEAD_QUEUE]  # attempt 1's worker never answers
-    [result] = await batch.run(client, [_spec()], task_queue=shared)
+    [result] = await batch.run(
+        client, [_spec(host_schedule_timeout_s=4)], task_queue=shared
+    )
     assert result.error is None and result.attempts == 2 and result.reward == 1.0
     assert result.termination_reason == "submitted"
     # The lost attempt keeps its checkpoint prefix, the second its final trajectory.
@@ -178,7 +201,8 @@ async def test_lost_host_starts_a_new_attempt_and_lists_both(client, harness):
 async def test_every_attempt_lost_is_an_infra_error(client, harness):
     fake, shared = harness
     fake.setup_queues = [DEAD_QUEUE, DEAD_QUEUE]
-    [result] = await batch.run(client, [_spec(attempt_limit=2)], task_queue=shared)
+    spec = _spec(attempt_limit=2, host_schedule_timeout_s=4)
+    [result] = await batch.run(client, [spec], task_queue=shared)
     assert result.termination_reason == "infra_error" and result.attempts == 2
     assert (
         result.error is not None
@@ -246,7 +270,7 @@ async def test_replayer_accepts_a_recorded_history(client, harness):
     """Determinism guard: a history recorded now must replay against the current code."""
     fake, shared = harness
     fake.setup_queues = [DEAD_QUEUE]  # record the richer, two-attempt history
-    spec = _spec()
+    spec = _spec(host_schedule_timeout_s=4)
     await batch.run(client, [spec], task_queue=shared)
     history = await client.get_workflow_handle(spec.trial_id).fetch_history()
     replayed = await Replayer(
