@@ -16,6 +16,8 @@ Rules and edge cases:
   decides how to sample, not the scaffold); the client's stop sequences are honoured; the
   client's ``max_tokens``, the config's ``max_tokens`` and the context left are all upper
   bounds (None = no bound from that side).
+- ``max_tokens`` < 1 or an empty stop string: ``InvalidRequest`` (400) before anything runs
+  (vLLM would reject them; that must not surface as a backend error).
 - No context left (prompt >= the context limit, see ``SessionConfig``): ``ContextExhausted`` (400),
   ``counters.overlong`` += 1 and ``overlong`` is set; nothing else is recorded.
 - A failed turn (backend error, parse of the request) commits nothing; what was recorded
@@ -39,7 +41,7 @@ from typing import Any
 from proxy.backend import CompletionRequest
 from proxy.chat import ChatRequest, FinishReason, SamplingParams, TurnOutcome
 from proxy.checkpoint import CheckpointSink
-from proxy.errors import ContextExhausted, NotFound, ReplicaUnavailable
+from proxy.errors import ContextExhausted, InvalidRequest, NotFound, ReplicaUnavailable
 from proxy.parsers import parse_output
 from proxy.pool import ReplicaPool
 from proxy.tokenization import ConversationTracker, TurnInfo
@@ -163,6 +165,7 @@ class Session:
 
     async def run_turn(self, request: ChatRequest, *, new_tool_call_id: Callable[[], str]) -> TurnOutcome:
         """Generate and record one turn. Raises ``ProxyError`` subclasses (module docstring)."""
+        _check_sampling(request.sampling)
         async with self._lock:
             if self.closed:
                 raise NotFound("unknown session")
@@ -264,6 +267,14 @@ class Session:
             ],
             "turns": [asdict(r) for r in t.turns],
         }
+
+
+def _check_sampling(s: SamplingParams) -> None:
+    """Reject what vLLM would answer 400 to, so it is the client's 400, not a backend 502."""
+    if s.max_tokens is not None and s.max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be at least 1, got {s.max_tokens}", param="max_tokens")
+    if any(not stop for stop in s.stop):
+        raise InvalidRequest("stop sequences must be non-empty strings", param="stop")
 
 
 def _matched_stop(text: str, stops: tuple[str, ...]) -> str | None:

@@ -89,6 +89,10 @@ def fake_experts(total: int, layers: int, top_k: int, n_experts: int) -> np.ndar
     return ((pos * 5 + lay * 3 + k) % n_experts).astype(np.int32)
 
 
+def _bad_request(message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "BadRequestError", "code": 400}}, status=400)
+
+
 def _b64_npy(arr: np.ndarray) -> str:
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
@@ -165,11 +169,15 @@ class ScriptedVLLM:
         self.requests.append(body)
         prompt = body.get("prompt")
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
-            return web.json_response({"error": {"message": "prompt must be token ids", "code": 400}}, status=400)
-        max_tokens = int(body.get("max_tokens") or 16)
+            return _bad_request("prompt must be token ids")
+        max_tokens = body.get("max_tokens") or 16
+        # vLLM's own request validation (its wording): these are 400s there too.
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return _bad_request(f"max_tokens must be at least 1, got {max_tokens}.")
+        if any(not x for x in body.get("stop") or []):
+            return _bad_request("stop cannot contain an empty string.")
         if len(prompt) + max_tokens > self.max_model_len:
-            msg = f"This model's maximum context length is {self.max_model_len} tokens."
-            return web.json_response({"error": {"message": msg, "type": "BadRequestError", "code": 400}}, status=400)
+            return _bad_request(f"This model's maximum context length is {self.max_model_len} tokens.")
         is_main = (self.match is None or self.match(self.decode(prompt))) and bool(self.script)
         action = self._pick(self.decode(prompt))
         if is_main:

@@ -26,11 +26,12 @@ def pool_over(*urls: str) -> ReplicaPool:
     return ReplicaPool(urls, client_factory=lambda u: VLLMClient(u, timeout_s=10), health_interval_s=None)
 
 
-def proxy_server(tok, *urls: str, keepalive_s: float = 0.2, **config):
+def proxy_server(tok, *urls: str, keepalive_s: float = 0.2, max_body_bytes: int = 32 * 1024**2, **config):
     """A ProxyServer over ``urls`` with test defaults (use as ``async with``)."""
     from proxy.server import ProxyServer
     from proxy.session import SessionConfig
 
     config.setdefault("model", "scripted")
     config.setdefault("max_context_tokens", 4096)
-    return ProxyServer(tokenizer=tok, pool=pool_over(*urls), defaults=SessionConfig(**config), keepalive_s=keepalive_s)
+    return ProxyServer(tokenizer=tok, pool=pool_over(*urls), defaults=SessionConfig(**config), keepalive_s=keepalive_s,
+                       max_body_bytes=max_body_bytes)
