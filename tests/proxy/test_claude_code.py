@@ -1,0 +1,77 @@
+"""The real Claude Code CLI (npm, 2.1.x) against the proxy, on the host.
+
+The scripted vLLM double plays the model: on the main conversation (requests whose prompt
+carries Claude Code's Bash tool) it first calls Bash to write a file, then answers with
+text. Claude Code's side calls (title generation and the like; other system prompts, no
+tools) get a default reply and land in side segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
+from tests.proxy._support import load_tokenizer, proxy_server
+
+pytestmark = pytest.mark.scaffold_cli
+
+CLAUDE = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "node_modules" / ".bin" / "claude"
+BASH_CALL = ('<tool_call>\n{"name": "Bash", "arguments": {"command": "echo hi > out.txt", '
+             '"description": "Write hi to out.txt"}}\n</tool_call>')
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _is_main(prompt: str) -> bool:
+    return '"name": "Bash"' in prompt
+
+
+@pytest.mark.skipif(not CLAUDE.exists(), reason="Claude Code not installed (infra/setup.sh)")
+async def test_claude_code_runs_a_tool_through_the_proxy(tok, tmp_path):
+    script = [Reply(BASH_CALL), Reply("I wrote hi to out.txt.")]
+    async with ScriptedVLLM(tok, script=script, match=_is_main, default=Reply("Greeting"),
+                            max_model_len=1_000_000) as dbl:
+        async with proxy_server(tok, dbl.url, max_context_tokens=None) as srv:
+            h = srv.open_session()
+            work = tmp_path / "work"
+            work.mkdir()
+            env = {
+                "PATH": os.environ["PATH"], "HOME": str(tmp_path), "IS_SANDBOX": "1",
+                "ANTHROPIC_BASE_URL": h.anthropic_base_url, "ANTHROPIC_API_KEY": "dummy",
+                "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            }
+            proc = await asyncio.create_subprocess_exec(
+                str(CLAUDE), "-p", "Create a file out.txt containing hi.", "--dangerously-skip-permissions",
+                "--output-format", "json", cwd=work, env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), timeout=240)
+            except asyncio.TimeoutError:
+                proc.kill()
+                raise
+            assert proc.returncode == 0, (out[-2000:], err[-2000:])
+            result = json.loads(out)
+            traj = srv.session(h.session_id).trajectory
+    assert (work / "out.txt").read_text().strip() == "hi"
+    assert "I wrote hi to out.txt." in result["result"]
+    main_turns = [r for r in traj.turns if traj.segments[r.segment].kind == "main"]
+    assert len(main_turns) >= 2 and dbl.script == []
+    first, second = main_turns[:2]
+    # The second main turn extended the first: same segment, prompt starts with its full sequence.
+    assert second.segment == first.segment and second.env_tokens_added > 0
+    p1, p2 = (r["prompt"] for r in dbl.main_requests[:2])
+    seg = traj.segments[first.segment]
+    assert seg.full_ids[: len(p2)] == p2 and p2[: len(p1)] == p1
+    assert traj.counters.tool_calls >= 1
+    sides = [s for s in traj.segments if s.kind == "side"]
+    print(f"claude code: {len(main_turns)} main turns, {len(sides)} side segments, "
+          f"{len(dbl.requests)} backend calls, main prompt {len(p1)} tokens")
