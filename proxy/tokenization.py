@@ -40,15 +40,20 @@ Rules (all decided in ``prepare``; ``commit`` only records):
    add_special_tokens=False: these are the environment tokens (mask 0). The prompt is the
    segment's full sequence (prompt + every response token so far) + the environment tokens.
    The template text of earlier turns is never re-tokenized: the model's own tokens stay.
+   For speed, a message-local template renders only the leading system messages plus the
+   messages from the last assistant on; locality is probed once per tracker against the full
+   render (``_delta_text``). Known limit: a template whose locality breaks only after the probe
+   turn would be rendered by the shortcut.
    If the segment's last token is not EOS (finished by length, stop string or abort), the
    environment tokens start with the EOS id so the sequence is well-formed.
 4. New segment. When no candidate extends (history rewritten/compacted/edited, tools
    changed, or the prefix check fails), the turn opens a new segment whose prompt is the full
    render. It is ``rewritten`` when it is a main segment and a main segment already exists.
    No logprobs are ever invented for a prompt.
-5. Invariant (checked, raises InvariantViolation): an extension prompt begins with the
-   segment's previous full sequence, and a generation reporting ``prompt_token_ids`` reports
-   exactly the prompt that was prepared.
+5. Invariant: an extension prompt begins with the segment's previous full sequence (by
+   construction: the sequence is copied, never re-rendered), and a generation reporting
+   ``prompt_token_ids`` reports exactly the prompt that was prepared (checked in ``commit``,
+   raises InvariantViolation).
 6. A failed generation is simply never committed. ``commit`` raises ``StalePreparedTurn`` if
    the segment changed since ``prepare`` (the session serializes turns, so this is a bug).
 
@@ -110,6 +115,9 @@ class PreparedTurn:
     new_segment: SegmentHeader | None
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...]
+    # Normalized request messages, computed once in prepare and reused by commit (the
+    # comparison is the only per-turn work that must touch every message).
+    norms: tuple[tuple, ...] = ()
 
     @property
     def extends(self) -> bool:
@@ -186,6 +194,8 @@ class ConversationTracker:
         self._main_key: str | None = next(
             (s.system_key for s in self.trajectory.segments if s.kind == "main"), None)
         self._recorded: dict[int, _Recorded] = {}
+        # None: template locality not probed yet; True/False: probe result (see _delta_text).
+        self._tail_ok: bool | None = None
 
     # ------------------------------------------------------------------ rendering
 
@@ -213,44 +223,77 @@ class ConversationTracker:
         tools = tuple(request.tools or ())
         key = system_key(messages)
         kind: SegmentKind = "main" if self._main_key in (None, key) else "side"
+        norms = tuple(_norm(m) for m in messages)
         segs = self.trajectory.segments
         for idx in range(len(segs) - 1, -1, -1):
             seg = segs[idx]
             if seg.system_key != key or seg.kind != kind or idx not in self._recorded:
                 continue
-            env = self._extension(idx, messages, tools, request.thinking)
+            env = self._extension(idx, messages, norms, tools, request.thinking)
             if env is None:
                 continue
-            base = seg.full_ids
-            prompt = base + env
-            if prompt[: len(base)] != base:  # rule 5: by construction; kept as a guard
-                raise InvariantViolation(f"extension prompt of segment {idx} does not start with its sequence")
-            return PreparedTurn(idx, kind, key, prompt, env, len(base), None, tuple(messages), tools)
+            # rule 5 holds by construction here; commit checks the backend's echo of it.
+            prompt = seg.full_ids + env
+            return PreparedTurn(idx, kind, key, prompt, env, len(seg), None, tuple(messages), tools, norms)
         text = self._render(messages, list(tools), generation=True, thinking=request.thinking)
         prompt = self._encode(text)
         rewritten = kind == "main" and any(s.kind == "main" for s in segs)
         header = SegmentHeader(kind=kind, rewritten=rewritten, system_key=key, prompt_ids=tuple(prompt))
-        return PreparedTurn(len(segs), kind, key, prompt, [], 0, header, tuple(messages), tools)
+        return PreparedTurn(len(segs), kind, key, prompt, [], 0, header, tuple(messages), tools, norms)
 
-    def _extension(self, idx: int, messages: list[Message], tools: tuple[ToolSpec, ...],
-                   thinking: bool | None) -> list[int] | None:
+    def _extension(self, idx: int, messages: list[Message], norms: tuple[tuple, ...],
+                   tools: tuple[ToolSpec, ...], thinking: bool | None) -> list[int] | None:
         """Environment ids extending segment ``idx`` to ``messages``, or None if it does not extend."""
         rec = self._recorded[idx]
         m = len(rec.norms)
         if rec.tools != tools or len(messages) < m:
             return None
-        if not all(_same(r, _norm(e)) for r, e in zip(rec.norms, messages[:m])):
+        if not all(_same(r, e) for r, e in zip(rec.norms, norms[:m])):
             return None
-        s_prev = self._render(messages[:m], list(tools), generation=False)
-        s_full = self._render(messages, list(tools), generation=True, thinking=thinking)
+        delta = self._delta_text(messages, m, list(tools), thinking)
+        if delta is None:
+            return None
+        env = self._encode(delta)
+        seg = self.trajectory.segments[idx]
+        last = seg.response_ids[-1] if seg.response_ids else seg.prompt_ids[-1]
+        if last != self.eos_id:
+            env = [self.eos_id] + env
+        return env
+
+    def _delta_text(self, messages: list[Message], m: int, tools: list[ToolSpec],
+                    thinking: bool | None) -> str | None:
+        """Template text after the end of the last recorded assistant turn (rule 3), or None.
+
+        Rendering the whole conversation twice per turn makes a turn's CPU grow with the session
+        (~10x between turn 1 and turn 100 of a 64K-token session). For a *message-local* template
+        (each message's text depends only on itself and the leading system/tools header) the
+        text after the assistant's EOS is the same when only the leading system messages and the
+        messages from the last assistant on are rendered. That locality is probed once per
+        tracker on the first extension (tail delta == full delta); a template that fails the
+        probe is always rendered in full, so exactness never depends on the shortcut.
+        """
+        if self._tail_ok is not False:
+            lead = 0
+            while lead < m - 1 and messages[lead].get("role") == "system":
+                lead += 1
+            tail = messages[:lead] + messages[m - 1:]
+            fast = self._cut_after_eos(tail, lead + 1, tools, thinking)
+            if self._tail_ok:
+                return fast
+            full = self._cut_after_eos(messages, m, tools, thinking)
+            if full is not None:
+                self._tail_ok = fast == full
+            return full
+        return self._cut_after_eos(messages, m, tools, thinking)
+
+    def _cut_after_eos(self, messages: list[Message], m: int, tools: list[ToolSpec],
+                       thinking: bool | None) -> str | None:
+        s_prev = self._render(messages[:m], tools, generation=False)
+        s_full = self._render(messages, tools, generation=True, thinking=thinking)
         cut = s_prev.rfind(self.eos_text)
         if not s_full.startswith(s_prev) or cut == -1:
             return None
-        env = self._encode(s_full[cut + len(self.eos_text):])
-        seg = self.trajectory.segments[idx]
-        if seg.full_ids[-1] != self.eos_id:
-            env = [self.eos_id] + env
-        return env
+        return s_full[cut + len(self.eos_text):]
 
     # ------------------------------------------------------------------ commit
 
@@ -286,8 +329,10 @@ class ConversationTracker:
         ))
         if self._main_key is None:
             self._main_key = prepared.system_key
-        conversation = [*prepared.messages, assistant_message(parsed)]
-        self._recorded[prepared.segment_index] = _Recorded(tuple(_norm(m) for m in conversation), prepared.tools)
+        norms = prepared.norms if len(prepared.norms) == len(prepared.messages) else tuple(
+            _norm(m) for m in prepared.messages)
+        self._recorded[prepared.segment_index] = _Recorded(
+            (*norms, _norm(assistant_message(parsed))), prepared.tools)
         return record
 
     def count_tokens(self, request: ChatRequest) -> int:

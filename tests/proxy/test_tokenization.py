@@ -358,3 +358,42 @@ def test_real_vllm_generations_extend_token_exactly(tiny_model_dir: Path, vllm_u
     assert seg.full_ids == prev
     lps = [lp for lp, m in zip(seg.response_logprobs, seg.response_mask) if m]
     assert len(lps) == sum(seg.response_mask) and all(lp <= 0.0 for lp in lps)
+
+
+# ------------------------------------------------------------------ tail-render shortcut
+
+class _NumberedTemplate:
+    """A tokenizer whose template numbers every turn: NOT message-local, so the tail-render
+    shortcut would get the environment text wrong; the tracker must notice and render in full."""
+
+    def __init__(self, tok) -> None:
+        self._tok = tok
+        self.template = tok.chat_template.replace(
+            "'<|im_start|>user\\n<tool_response>", "'<|im_start|>user #' + (loop.index | string) + '\\n<tool_response>")
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def apply_chat_template(self, messages, **kw):
+        return self._tok.apply_chat_template(messages, chat_template=self.template, **kw)
+
+
+@pytest.mark.parametrize("numbered", [False, True])
+def test_extension_env_tokens_equal_the_full_render_delta(tok, numbered):
+    """Whether or not the shortcut applies, the environment tokens are exactly the tokens of
+    the full render's text after the last assistant turn."""
+    t = _NumberedTemplate(tok) if numbered else tok
+    if numbered:
+        assert t.template != tok.chat_template, "the test template must differ from the real one"
+    tracker, model = ConversationTracker(t, session_id="s"), Model(tok)
+    msgs: list[Message] = [SYSTEM, {"role": "user", "content": "go"}]
+    for i in range(4):
+        prepared, gen, parsed = run_turn(tracker, model, msgs, ParsedOutput(content=f"step {i}", tool_calls=[bash(f"ls {i}", i)]))
+        msgs = msgs + [assistant_message(parsed), {"role": "tool", "content": f"out {i}"}]
+        if prepared.extends:
+            full = t.apply_chat_template(prepared.messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+            prev = t.apply_chat_template(list(prepared.messages[:-1]), tools=TOOLS, tokenize=False)
+            cut = prev.rfind("<|im_end|>") + len("<|im_end|>")
+            assert prepared.env_ids == tok.encode(full[cut:], add_special_tokens=False)
+    assert len(tracker.trajectory.segments) == 1
+    assert tracker._tail_ok is (not numbered)
