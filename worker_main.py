@@ -1,13 +1,17 @@
 """One trialflow worker process: Temporal worker + in-process proxy + sandbox backend.
 
-Wiring only. Two Temporal workers share one client:
-- the shared queue (`settings.task_queue`, default `SHARED_QUEUE`): TrialWorkflow, sandbox set-up, result storage and the
-  teardown fallback;
+Wiring only. Three Temporal workers share one client:
+- the shared queue (`settings.task_queue`, default `SHARED_QUEUE`): TrialWorkflow,
+  result storage and the teardown fallback;
+- its set-up queue (`setup_queue`): new sandboxes, on this process's engine (a drain
+  stops this one first);
 - this process's host queue (`host_queue(hostname, worker_id)`): scaffold, verify and
   teardown of the sandboxes this process created.
 
-SIGTERM/SIGINT drain: both workers stop polling, running activities get
-`drain_grace_s` to finish (then they are cancelled), then the proxy and backend close.
+SIGTERM/SIGINT drain (`WorkerProcess._drain`): no new sandboxes are taken, the trials
+whose sandboxes live here run to their teardown, within `drain_grace_s` in all; then the
+workers stop (running activities are cancelled after the grace) and the proxy and
+backend close.
 
 Run: ``python worker_main.py [--flag value ...]`` with one flag per `TrialflowSettings`
 field (``--temporal-address``, ``--replica-urls URL`` repeatable, ...); flags override
@@ -43,7 +47,7 @@ from trialflow.sandbox import DockerBackend
 from trialflow.scaffolds import register_scaffold
 from trialflow.settings import TrialflowSettings, load_settings
 from trialflow.storage import LocalStore, ResultStore, S3Store
-from workflows.shared import host_queue
+from workflows.shared import host_queue, setup_queue
 from workflows.trial import TrialWorkflow
 
 if TYPE_CHECKING:
@@ -64,12 +68,16 @@ class WorkerProcess:
     backend: DockerBackend
     metrics: TrialMetrics
     host_queue: str
-    workers: list[Worker]
+    sandboxes: SandboxActivities
+    workflows: Worker  # shared queue: workflows, result storage, teardown fallback
+    setups: Worker  # the set-up queue: new sandboxes
+    host: Worker  # this process's host queue
 
     async def run(self, stop: asyncio.Event) -> None:
-        tasks = [asyncio.create_task(w.run()) for w in self.workers]
+        workers = (self.workflows, self.setups, self.host)
+        tasks = [asyncio.create_task(w.run()) for w in workers]
         reaper = asyncio.create_task(self._reap_forever())
-        log.info("worker polling %s and %s", self.settings.task_queue, self.host_queue)
+        log.info("polling %s and %s", self.settings.task_queue, self.host_queue)
         try:
             stopped = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait(
@@ -79,15 +87,33 @@ class WorkerProcess:
                 if task is not stopped:
                     task.result()  # a worker died: surface its error
         finally:
-            log.info("draining (grace %.0fs)", self.settings.drain_grace_s)
             reaper.cancel()
-            await asyncio.gather(
-                *(w.shutdown() for w in self.workers), return_exceptions=True
-            )
+            await self._drain()
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.proxy is not None:
                 await self.proxy.stop()
             self.backend.close()
+
+    async def _drain(self) -> None:
+        """Take no new sandboxes, let the ones here finish their trials (scaffold, verify,
+        teardown run on this host queue), then stop; all within `drain_grace_s`.
+
+        Workflow tasks keep being processed meanwhile, so a lone worker can still move
+        its trials along. Sandboxes whose trials do not finish in time stay for the
+        reaper; their workflows start a new attempt elsewhere (host lost).
+        """
+        grace = self.settings.drain_grace_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        log.info("draining: %d sandbox(es), grace %.0fs", self.sandboxes.live, grace)
+        await self.setups.shutdown()
+        while self.sandboxes.live and loop.time() < deadline:
+            await asyncio.sleep(0.5)
+        if self.sandboxes.live:
+            log.warning(
+                "drain grace over with %d sandbox(es) left", self.sandboxes.live
+            )
+        await asyncio.gather(self.host.shutdown(), self.workflows.shutdown())
 
     async def _reap_forever(self) -> None:
         while True:
@@ -152,11 +178,17 @@ async def build(
     results = StoreActivities(store, metrics)
     grace = timedelta(seconds=settings.drain_grace_s)
     n = settings.max_concurrent_trials
-    shared = Worker(
+    workflows = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[TrialWorkflow],
-        activities=[sandbox.setup, sandbox.teardown, results.store_result],
+        activities=[sandbox.teardown, results.store_result],
+        graceful_shutdown_timeout=grace,
+    )
+    setups = Worker(
+        client,
+        task_queue=setup_queue(settings.task_queue),
+        activities=[sandbox.setup],
         max_concurrent_activities=n,
         graceful_shutdown_timeout=grace,
     )
@@ -170,7 +202,16 @@ async def build(
     )
     metrics.serve(settings.metrics_port)
     return WorkerProcess(
-        settings, client, proxy, backend, metrics, queue, [shared, host]
+        settings,
+        client,
+        proxy,
+        backend,
+        metrics,
+        queue,
+        sandbox,
+        workflows,
+        setups,
+        host,
     )
 
 

@@ -41,6 +41,11 @@ class SandboxActivities:
         self._metrics = metrics
         self._live: set[str] = set()  # sandboxes created here and not yet torn down
 
+    @property
+    def live(self) -> int:
+        """Sandboxes created by this worker and not torn down yet (drain waits on it)."""
+        return len(self._live)
+
     @activity.defn(name="trial.setup")
     async def setup(self, inp: SetupInput) -> SetupOutput:
         started = time.monotonic()

@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 TASK = REPO / "examples" / "tasks" / "create-file"
 TURNS = 25
 TURN_PAUSE_S = 0.4
+SLOW_SOLVE_S = 8
 
 pytestmark = [
     pytest.mark.temporal,
@@ -92,6 +93,20 @@ class SlowChatScaffold(Scaffold):
                 await asyncio.sleep(TURN_PAUSE_S)
         return ScaffoldResult(
             0, False, f"{TURNS} turns", "", time.monotonic() - started
+        )
+
+
+class SlowSolveScaffold(Scaffold):
+    """Test scaffold: solves create-file after `SLOW_SOLVE_S` seconds in the sandbox."""
+
+    name = "test-slow-solve"
+    needs_model = False
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        cmd = f"sleep {SLOW_SOLVE_S}; printf 'Hello, trialflow!\\n' > /app/hello.txt"
+        res = await ctx.sandbox.exec(cmd, timeout_s=60)
+        return ScaffoldResult(
+            res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s
         )
 
 
@@ -232,3 +247,64 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+async def test_sigterm_drains_running_trials_before_exit(
+    temporal_address, s3_endpoint, docker_client, tmp_path
+):
+    """SIGTERM mid-scaffold: the lone worker takes nothing new but runs its trial through
+    verify and teardown, then exits 0; the trial completes with reward 1, one attempt."""
+    from infra.base_image import ensure_base_image
+
+    ensure_base_image(docker_client)
+    suffix = uuid.uuid4().hex[:8]
+    env = {
+        **os.environ,
+        "TRIALFLOW_TEMPORAL_ADDRESS": temporal_address,
+        "TRIALFLOW_TASK_QUEUE": f"drain-{suffix}",
+        "TRIALFLOW_S3_ENDPOINT": s3_endpoint.endpoint_url,
+        "TRIALFLOW_S3_BUCKET": s3_endpoint.bucket,
+        "TRIALFLOW_S3_PREFIX": f"drain-{suffix}",
+        "TRIALFLOW_S3_ACCESS_KEY": "trialflow",
+        "TRIALFLOW_S3_SECRET_KEY": "trialflow",
+        "TRIALFLOW_EXTRA_SCAFFOLDS": json.dumps(
+            {"test-slow-solve": f"{__name__}:SlowSolveScaffold"}
+        ),
+        "TRIALFLOW_DRAIN_GRACE_S": "120",
+    }
+    client = await batch.connect(temporal_address)
+    worker = _start_worker(env, f"drain-{suffix}", tmp_path / "drain.log")
+    try:
+        spec = batch.make_specs(f"drain-{suffix}", [TASK], "test-slow-solve")[0]
+        [handle] = await batch.submit(client, [spec], task_queue=f"drain-{suffix}")
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                progress = await handle.query(
+                    TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5)
+                )
+            except RPCError:
+                progress = None
+            if progress is not None and progress.phase == "scaffold":
+                break
+            assert worker.poll() is None, (tmp_path / "drain.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"scaffold never started: {progress}"
+            await asyncio.sleep(0.3)
+        signalled = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(worker.wait, 150)
+        log = (tmp_path / "drain.log").read_text()
+        assert code == 0, log[-3000:]
+        assert "draining: 1 sandbox(es)" in log
+        result = await asyncio.wait_for(batch.wait_one(handle, spec), timeout=10)
+        assert (result.reward, result.attempts, result.error) == (1.0, 1, None)
+        assert time.monotonic() - signalled < 120
+        left = docker_client.containers.list(
+            all=True,
+            filters={"label": f"trialflow.worker={progress.host_queue}"},
+        )
+        assert not left, [c.name for c in left]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

@@ -9,7 +9,8 @@ Identity and layout rules (pure functions, used by the workflow AND by clients):
 - workflow id: ``trial-{batch_id}-{task_name}-{sample_index}`` (`trial_id`); the n-th replay
   of a failed trial gets ``{that id}-r{n}`` and names the original in `TrialSpec.replay_of`
   (also in the workflow memo).
-- shared task queue: `SHARED_QUEUE` (workflows and sandbox set-up: any worker).
+- shared task queue: `SHARED_QUEUE` (workflows, result storage, teardown fallback: any
+  worker); sandbox set-up on ``{shared}-setup`` (`setup_queue`), also any worker.
 - host task queue: ``trialflow-host-{hostname}-{worker_id}`` (`host_queue`): every activity
   that touches a sandbox after set-up runs on the worker that owns the sandbox.
 - store layout: `trialflow.storage.TrialKeys` (``batches/{batch}/trials/{trial}/attempt-{n}/``
@@ -66,6 +67,12 @@ def safe_id_part(text: str) -> str:
 def trial_id(batch_id: str, task_name: str, sample_index: int) -> str:
     """Deterministic workflow id, so a re-submitted batch attaches to existing trials."""
     return f"trial-{safe_id_part(batch_id)}-{safe_id_part(task_name)}-{sample_index}"
+
+
+def setup_queue(shared_queue: str) -> str:
+    """Queue of the set-up activity, apart from the shared queue so that a draining
+    worker can stop taking sandboxes while it still stores results and runs workflows."""
+    return f"{shared_queue}-setup"
 
 
 def host_queue(hostname: str, worker_id: str) -> str:

@@ -2,7 +2,7 @@
 
 Orchestration only; all I/O lives in the activities (activities/). Per attempt:
 
-    setup    (shared queue = the workflow's own task queue, any worker)
+    setup    (`setup_queue` of the workflow's own task queue, any worker)
                                          -> sandbox id + the owning worker's host queue
     scaffold (host queue)                -> agent outcome, trajectory in the store
     verify   (host queue)                -> rewards
@@ -70,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
         TrialSpec,
         VerifyInput,
         VerifyOutput,
+        setup_queue,
     )
 
 # Set-up builds images (minutes on a cold cache) and is retried on any worker.
@@ -245,7 +246,7 @@ class TrialWorkflow:
                 scaffold=spec.scaffold,
                 labels={"trialflow.batch": spec.batch_id},
             ),
-            task_queue=workflow.info().task_queue,
+            task_queue=setup_queue(workflow.info().task_queue),
             start_to_close_timeout=SETUP_TIMEOUT,
             heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_s),
             retry_policy=SETUP_RETRY,

@@ -34,6 +34,7 @@ from workflows.shared import (
     TrialSpec,
     VerifyInput,
     VerifyOutput,
+    setup_queue,
 )
 from workflows.trial import TrialWorkflow
 
@@ -128,6 +129,7 @@ async def harness(client: Client) -> AsyncIterator[tuple[FakeTrial, str]]:
     ]
     async with (
         Worker(client, task_queue=shared, workflows=[TrialWorkflow], activities=acts),
+        Worker(client, task_queue=setup_queue(shared), activities=acts),
         Worker(client, task_queue=live, activities=acts),
     ):
         yield fake, shared
@@ -151,8 +153,10 @@ async def test_success_runs_every_phase_on_the_right_queue(client, harness):
     [result] = await batch.run(client, [_spec()], task_queue=shared)
     assert result.error is None and result.termination_reason == "submitted"
     assert result.reward == 1.0 and result.reward_valid and result.turns == 3
-    assert [(n, q == shared) for n, q, _ in fake.calls] == [
-        ("setup", True), ("scaffold", False), ("verify", False), ("teardown", False),
+    queues = {setup_queue(shared): "setup queue", fake.live_queue: "host queue"}
+    assert [(n, queues[q]) for n, q, _ in fake.calls] == [
+        ("setup", "setup queue"), ("scaffold", "host queue"),
+        ("verify", "host queue"), ("teardown", "host queue"),
     ]  # fmt: skip
     assert set(result.timings) == {"setup", "scaffold", "verify", "teardown"}
     assert result.trajectory_uris == [
@@ -162,7 +166,7 @@ async def test_success_runs_every_phase_on_the_right_queue(client, harness):
 
 
 async def test_search_attributes_set_at_start_and_upserted_at_end(client, harness):
-    fake, shared = harness
+    _, shared = harness
     spec = _spec(step=7)
     await batch.run(client, [spec], task_queue=shared)
     [trial] = await batch.list_trials(client, spec.batch_id)
