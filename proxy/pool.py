@@ -109,6 +109,7 @@ class ReplicaPool:
         self._health_interval_s = health_interval_s
         self._health_task: asyncio.Task[None] | None = None
         self._added = 0
+        self._retired: list[Replica] = []
         self.max_resumes = max_resumes
         for url in urls:
             self.add_replica(url)
@@ -122,10 +123,11 @@ class ReplicaPool:
             self._added += 1
 
     def remove_replica(self, url: str) -> None:
-        """Stop routing new work to ``url``; its client closes when idle or at ``close()``."""
+        """Stop routing new work to ``url`` (unknown urls are ignored). Its in-flight calls
+        finish; its client is closed after the last of them, or at ``close()``."""
         rep = self._replicas.pop(url.rstrip("/"), None)
-        if rep is not None and rep.in_flight == 0:
-            asyncio.get_running_loop().create_task(rep.client.close())
+        if rep is not None:
+            self._retired.append(rep)
 
     @property
     def replicas(self) -> list[Replica]:
@@ -145,8 +147,9 @@ class ReplicaPool:
             self._health_task.cancel()
             await asyncio.gather(self._health_task, return_exceptions=True)
             self._health_task = None
-        for rep in self._replicas.values():
+        for rep in [*self._replicas.values(), *self._retired]:
             await rep.client.close()
+        self._retired.clear()
 
     async def __aenter__(self) -> ReplicaPool:
         await self.start()
@@ -211,7 +214,8 @@ class ReplicaPool:
                 continue
             finally:
                 rep.in_flight -= 1
-                if rep.url not in self._replicas and rep.in_flight == 0:
+                if rep in self._retired and rep.in_flight == 0:
+                    self._retired.remove(rep)
                     await rep.client.close()
             rep.up, rep.served = True, rep.served + 1
             if rep.url in self._replicas:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -165,3 +166,31 @@ async def test_sessions_are_isolated_and_checkpointed(tok):
             srv.session(a.session_id)
     assert ta.counters.turns == 2
     assert len(sink.payloads[a.session_id]) == 2 and len(sink.payloads[b.session_id]) == 1
+
+
+async def test_concurrent_requests_in_one_session_are_serialised(tok):
+    async with ScriptedVLLM(tok, default=Reply("slow", delay_s=0.3)) as dbl, proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        async with aiohttp.ClientSession() as http:
+            async def ask(text):
+                r = await http.post(h.openai_base_url + "/chat/completions",
+                                    json=dict(CHAT, messages=[{"role": "user", "content": text}]))
+                return r.status
+
+            assert await asyncio.gather(ask("a"), ask("b"), ask("c")) == [200, 200, 200]
+        assert srv.session_stats(h.session_id)["turns"] == 3
+    spans = sorted(dbl.timings)
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))
+
+
+async def test_ignored_fields_logged_once_per_session(tok, caplog):
+    caplog.set_level("INFO", logger="proxy.session")
+    async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        async with aiohttp.ClientSession() as http:
+            for _ in range(2):
+                r = await http.post(h.anthropic_base_url + "/v1/messages", headers=ANTHROPIC,
+                                    json=dict(MSG, metadata={"user_id": "u"}, context_management={"edits": []}))
+                assert r.status == 200
+    lines = [r.getMessage() for r in caplog.records if "ignoring request fields" in r.getMessage()]
+    assert len(lines) == 1 and "context_management" in lines[0]
