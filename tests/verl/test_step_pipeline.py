@@ -229,6 +229,9 @@ async def test_restarted_trainer_reattaches_without_rerunning(tokenizer, setting
         await asyncio.sleep(0.2)
     first.send_signal(signal.SIGKILL)
     await first.wait()
+    for s in specs:  # the trials outlive their awaiting process
+        desc = await client.get_workflow_handle(s.trial_id).describe()
+        assert desc.status == WorkflowExecutionStatus.RUNNING
 
     second = await start()
     out, _ = await asyncio.wait_for(second.communicate(), timeout=SLEEP_S + 90)
