@@ -9,7 +9,9 @@ Outcomes vs failures:
 - agent timeout       -> outcome "timeout" (the workflow verifies anyway)
 - non-zero exit       -> outcome "scaffold_error" with `error` set (verified anyway)
 - typed infra errors  -> raised as ApplicationError (retryable or not per trialflow.errors);
-  the workflow starts a new attempt for retryable ones. A scaffold that needs a model on a
+  the workflow starts a new attempt for retryable ones. An agent that failed while no
+  replica of its pool answers a health probe raises retryable `ReplicaUnavailable` (the
+  model was down, not the agent wrong); its trajectory and logs are stored first. A scaffold that needs a model on a
   worker without one raises non-retryable `ModelNotConfigured`.
 While running, the activity heartbeats its live counters (`ScaffoldHeartbeat`) and signals
 them to the workflow (`report_progress`) when they change, feeding the workflow's
@@ -100,23 +102,32 @@ class ScaffoldActivities:
                 self._beat(inp, session.session_id if session else None)
             )
             trajectory: Trajectory | None = None
+            trajectory_uri: str | None = None
+            replicas_down = False
             try:
                 outcome = await scaffold.run(ctx)
+                if session is not None and outcome.exit_code != 0:
+                    replicas_down = await self._replicas_down(session.session_id)
             finally:
                 beats.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beats
                 if session is not None:
+                    # Also on failure and cancellation: the tokens so far are kept.
                     assert self._proxy is not None
                     trajectory = await self._proxy.close_session(session.session_id)
-            trajectory_uri = None
-            if trajectory is not None:
-                trajectory_uri = await asyncio.to_thread(
-                    self._store.put_bytes, keys.trajectory, trajectory.to_bytes()
-                )
-                for turn in trajectory.turns:
-                    self._metrics.proxy_turn_seconds.observe(turn.latency_s)
+                    trajectory_uri = await asyncio.to_thread(
+                        self._store.put_bytes, keys.trajectory, trajectory.to_bytes()
+                    )
             logs_uri = await self._store_logs(keys, outcome, Path(tmp))
+        if replicas_down:
+            # The agent failed because no model answered: infrastructure, not the agent.
+            raise ApplicationError(
+                f"no replica answered during {inp.trial_id} attempt {inp.attempt}",
+                type="ReplicaUnavailable",
+            )
+        for turn in trajectory.turns if trajectory else ():
+            self._metrics.proxy_turn_seconds.observe(turn.latency_s)
         seconds = time.monotonic() - started
         self._metrics.phase_seconds.labels("scaffold").observe(seconds)
         overlong = trajectory is not None and trajectory.counters.overlong > 0
@@ -133,6 +144,13 @@ class ScaffoldActivities:
             error=error,
             seconds=seconds,
         )
+
+    async def _replicas_down(self, session_id: str) -> bool:
+        """True when no replica of the session's pool answers a fresh health probe."""
+        assert self._proxy is not None
+        pool = self._proxy.session(session_id).pool
+        await pool.check_health()
+        return not any(replica.up for replica in pool.replicas)
 
     def _open_session(self, inp: ScaffoldInput, keys: TrialKeys, model: str | None):
         if self._proxy is None:

@@ -1,0 +1,110 @@
+"""The scaffold activity when the model is down: REAL Temporal, Docker, SeaweedFS and the
+worker's real proxy, whose only replica URL has nothing listening.
+
+An agent that fails because no replica answers is an infrastructure failure: the activity
+raises retryable `ReplicaUnavailable`, the workflow starts new attempts, and when they run
+out the trial ends as `infra_error` with that error recorded (not as a model failure with
+reward 0). Each attempt's (empty) trajectory and scaffold log are still stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+import worker_main
+from trialflow import batch
+from trialflow.scaffolds import (
+    Scaffold,
+    ScaffoldContext,
+    ScaffoldResult,
+    register_scaffold,
+)
+from trialflow.settings import load_settings
+from trialflow.storage import TrialKeys
+
+REPO = Path(__file__).resolve().parents[2]
+TASK = REPO / "examples" / "tasks" / "create-file"
+
+pytestmark = [pytest.mark.temporal, pytest.mark.docker, pytest.mark.s3]
+
+
+class OneTurnScaffold(Scaffold):
+    """Test scaffold: one chat turn through the proxy; exit 1 unless it answers 200."""
+
+    name = "test-one-turn"
+    needs_model = True
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        started = time.monotonic()
+        body = {"model": ctx.model, "messages": [{"role": "user", "content": "hi"}]}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{ctx.openai_base_url}/chat/completions", json=body) as resp,
+        ):
+            text = await resp.text()
+        code = 0 if resp.status == 200 else 1
+        return ScaffoldResult(
+            code, False, "", f"HTTP {resp.status}: {text}", time.monotonic() - started
+        )
+
+
+register_scaffold("test-one-turn", f"{__name__}:OneTurnScaffold")
+
+
+def _dead_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_replicas_down_is_a_retried_infra_error(
+    temporal_address, s3_endpoint, docker_client, tiny_model_dir
+):
+    from infra.base_image import ensure_base_image
+
+    ensure_base_image(docker_client)
+    suffix = uuid.uuid4().hex[:8]
+    settings = load_settings(
+        temporal_address=temporal_address,
+        task_queue=f"down-{suffix}",
+        s3_endpoint=s3_endpoint.endpoint_url,
+        s3_bucket=s3_endpoint.bucket,
+        s3_prefix=f"down-{suffix}",
+        s3_access_key="trialflow",
+        s3_secret_key="trialflow",
+        worker_id=f"down-{suffix}",
+        model_dir=tiny_model_dir,
+        replica_urls=[_dead_url()],
+        drain_grace_s=5,
+    )
+    client = await batch.connect(temporal_address)
+    process = await worker_main.build(settings, client)
+    stop = asyncio.Event()
+    running = asyncio.create_task(process.run(stop))
+    try:
+        spec = batch.make_specs(
+            f"down-{suffix}", [TASK], "test-one-turn", attempt_limit=2
+        )[0]
+        [r] = await batch.run(client, [spec], task_queue=settings.task_queue)
+    finally:
+        stop.set()
+        await running
+    assert r.termination_reason == "infra_error" and r.attempts == 2
+    assert r.error is not None and r.error.type == "ReplicaUnavailable"
+    assert r.error.phase == "scaffold" and not r.error.non_retryable
+    store = worker_main.open_store(settings)
+    for attempt in (1, 2):
+        keys = TrialKeys(spec.batch_id, spec.trial_id, attempt)
+        assert store.exists(keys.trajectory) and store.exists(keys.log("scaffold.log"))
+        assert b"HTTP 503" in store.get_bytes(keys.log("scaffold.log"))
+    left = docker_client.containers.list(
+        all=True, filters={"label": f"trialflow.worker={process.host_queue}"}
+    )
+    assert not left, [c.name for c in left]
