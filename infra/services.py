@@ -350,13 +350,16 @@ def start_vllm(
     reuse: bool = False,
     extra_args: Sequence[str] = (),
     ready_timeout_s: float = 480,
+    max_model_len: int = 2048,
 ) -> Service:
     """Serve `model_dir` with vLLM's OpenAI server on the CPU; endpoint is the base URL
     (no `/v1`). Start-up takes about 45 s on an idle machine and over 280 s was seen
     with parallel test sessions loading both cores, hence the long timeout.
 
     With `reuse=True` a server on `port` that already lists `served_model_name` is
-    returned as is. If the process dies (a broken model dir fails within seconds),
+    returned as is. ``max_model_len`` 2048 keeps test servers light; the demo asks for
+    32768 because Claude Code's system prompt and tools alone are over 10K tokens in the
+    tiny model's small vocabulary. If the process dies (a broken model dir fails within seconds),
     the ServiceStartError carries the tail of its log.
     """
     port = port or free_port()
@@ -366,7 +369,7 @@ def start_vllm(
     argv = [
         str(vllm_python(python)), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", served_model_name,
-        "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
+        "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--enforce-eager",
         "--host", HOST, "--port", str(port), *extra_args,
     ]  # fmt: skip
     log = (log_dir or REPO_ROOT / ".trialflow" / "logs") / f"vllm-{port}.log"
@@ -380,6 +383,10 @@ def start_vllm(
     proc = ManagedProcess(f"vllm:{port}", argv, log, env=env).start()
     proc.wait_ready(lambda: vllm_answers(base_url, served_model_name), ready_timeout_s, poll_s=1.0)
     return Service("vllm", base_url, proc)
+
+
+# Long enough for Claude Code's full system prompt and tools (see start_vllm).
+DEMO_MAX_MODEL_LEN = 32768
 
 
 def cached_tiny_model(cache_root: Path) -> Path:
@@ -474,7 +481,8 @@ class EmbeddedInfra:
             if not self._given_vllm_urls:
                 model_dir = self.model_dir or cached_tiny_model(self.state_dir / "models")
                 self.services.append(
-                    start_vllm(model_dir, self.ports.vllm, self.served_model_name, log_dir=logs, reuse=True)
+                    start_vllm(model_dir, self.ports.vllm, self.served_model_name, log_dir=logs, reuse=True,
+                               max_model_len=DEMO_MAX_MODEL_LEN)
                 )
         except BaseException:
             self.stop()

@@ -150,7 +150,7 @@ def test_model_config_and_forward(tiny_model_dir: Path, tok):
 
     cfg = AutoConfig.from_pretrained(tiny_model_dir)
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.head_dim, cfg.max_position_embeddings) == (128, 2, 2, 1, 64, 4096)
+            cfg.head_dim, cfg.max_position_embeddings) == (128, 2, 2, 1, 64, 32768)
     assert cfg.vocab_size % 64 == 0 and cfg.vocab_size >= len(tok)
     assert cfg.eos_token_id == tok.eos_token_id and cfg.pad_token_id == tok.pad_token_id
     model = Qwen3ForCausalLM.from_pretrained(tiny_model_dir)

@@ -278,7 +278,7 @@ def _model_config(tokenizer: PreTrainedTokenizerFast):
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=64,  # 16 fails on vLLM's CPU attention backend
-        max_position_embeddings=4096,
+        max_position_embeddings=32768,  # the demo serves Claude Code's ~15K-token prompts
         tie_word_embeddings=True,
         bos_token_id=pad_id,
         eos_token_id=tokenizer.eos_token_id,
