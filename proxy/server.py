@@ -112,6 +112,7 @@ class ProxyServer:
         self.max_body_bytes = max_body_bytes
         self.keepalive_s = keepalive_s
         self._sessions: dict[str, _Entry] = {}
+        self._turns: set[asyncio.Future[TurnOutcome]] = set()
         self._runner: web.AppRunner | None = None
         self.app = self._build_app()
 
@@ -333,6 +334,10 @@ class ProxyServer:
     ) -> web.StreamResponse:
         """Run one turn and answer it, as JSON or as an event stream (module docstring)."""
         task = asyncio.ensure_future(session.run_turn(chat, new_tool_call_id=new_tool_call_id))
+        # A strong reference: the turn must finish (and be recorded) even if this handler
+        # ends early because the client went away.
+        self._turns.add(task)
+        task.add_done_callback(self._turns.discard)
         # Wait a little before committing to a 200 stream, so fast failures keep their status.
         done, _ = await asyncio.wait({task}, timeout=self.keepalive_s if chat.stream else None)
         if done or not chat.stream:
@@ -344,18 +349,21 @@ class ProxyServer:
                 return web.json_response(render_json(outcome))
             return await _stream(request, render_stream(outcome))
         resp = await _start_stream(request)
-        while not task.done():
-            await resp.write(keepalive)
-            await asyncio.wait({task}, timeout=self.keepalive_s)
         try:
-            outcome = task.result()
-        except Exception as exc:  # noqa: BLE001 - sent as the protocol's error event
-            if not isinstance(exc, ProxyError):
-                log.exception("turn failed unexpectedly")
-            await resp.write(stream_error(exc))
-            return resp
-        for piece in render_stream(outcome):
-            await resp.write(piece)
+            while not task.done():
+                await resp.write(keepalive)
+                await asyncio.wait({task}, timeout=self.keepalive_s)
+            try:
+                outcome = task.result()
+            except Exception as exc:  # noqa: BLE001 - sent as the protocol's error event
+                if not isinstance(exc, ProxyError):
+                    log.exception("turn failed unexpectedly")
+                await resp.write(stream_error(exc))
+                return resp
+            for piece in render_stream(outcome):
+                await resp.write(piece)
+        except ConnectionResetError:
+            log.info("session %s: client went away during a streamed turn (the turn is still recorded)", session.id)
         return resp
 
 

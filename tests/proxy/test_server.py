@@ -194,3 +194,15 @@ async def test_ignored_fields_logged_once_per_session(tok, caplog):
                 assert r.status == 200
     lines = [r.getMessage() for r in caplog.records if "ignoring request fields" in r.getMessage()]
     assert len(lines) == 1 and "context_management" in lines[0]
+
+
+async def test_client_leaving_mid_stream_does_not_lose_the_turn(tok):
+    async with ScriptedVLLM(tok, default=Reply("late", delay_s=0.6)) as dbl, proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(h.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC)
+            await r.content.readline()  # the first keep-alive ping arrived; now hang up
+            r.close()
+        await asyncio.sleep(1.0)
+        stats = srv.session_stats(h.session_id)
+    assert stats["turns"] == 1 and stats["completion_tokens"] > 0
