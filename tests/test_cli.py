@@ -108,6 +108,17 @@ def test_rerunning_a_batch_attaches_to_its_trials(cli_env):
     assert status.output.count(f"trial-{batch_id}-create-file-0") == 1
 
 
+def test_replay_numbers_compare_numerically():
+    from trialflow.batch import replay_number
+
+    assert replay_number("trial-b-t-0", "trial-b-t-0") == 0
+    assert (
+        replay_number("trial-b-t-0", "trial-b-t-0-r10")
+        == 10
+        > replay_number("trial-b-t-0", "trial-b-t-0-r9")
+    )
+
+
 def test_flags_override_environment(monkeypatch):
     monkeypatch.setenv("TRIALFLOW_TEMPORAL_ADDRESS", "env-host:1")
     monkeypatch.setenv("TRIALFLOW_REPLICA_URLS", json.dumps(["http://env:8000"]))

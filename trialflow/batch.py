@@ -254,15 +254,21 @@ async def replay_failed(client: Client, batch_id: str) -> list[TrialSpec]:
     for original, runs in sorted(by_original.items()):
         if any(r.status == "RUNNING" for r in runs):
             continue
-        latest = max(runs, key=lambda r: (r.workflow_id != original, r.workflow_id))
+        numbers = {r.workflow_id: replay_number(original, r.workflow_id) for r in runs}
+        latest = max(runs, key=lambda r: numbers[r.workflow_id])
         if not await _failed(client, latest):
             continue
         spec = await spec_of(client, original)
-        replays = [r for r in runs if r.workflow_id != original]
-        specs.append(
-            spec.model_copy(update={"replay_of": original, "replay": len(replays) + 1})
-        )
+        update = {"replay_of": original, "replay": max(numbers.values()) + 1}
+        specs.append(spec.model_copy(update=update))
     return specs
+
+
+def replay_number(original_id: str, workflow_id: str) -> int:
+    """0 for the original trial, n for its ``-r{n}`` replay (numeric, so r10 > r9)."""
+    if workflow_id == original_id:
+        return 0
+    return int(workflow_id.removeprefix(f"{original_id}-r"))
 
 
 async def _failed(client: Client, trial: TrialStatus) -> bool:

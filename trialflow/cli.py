@@ -460,8 +460,10 @@ def demo(
             model_name=infra.served_model_name,
         )
         failed = False
+        batch_ids = []
         for scaffold in ("oracle", agent):
             batch_id = f"demo-{scaffold}-{uuid.uuid4().hex[:6]}"
+            batch_ids.append(batch_id)
             specs = batch.make_specs(
                 batch_id, tasks, scaffold, model=settings.model_name, attempt_limit=2
             )
@@ -472,7 +474,8 @@ def demo(
                 results_table(results, title=f"{scaffold} (batch {batch_id})")
             )
             failed |= any(r.failed for r in results)
-        console.print(f'Temporal UI: {ui}  (search: TrialBatchId STARTS_WITH "demo-")')
+        searches = " or ".join(f'TrialBatchId = "{b}"' for b in batch_ids)
+        console.print(f"Temporal UI: {ui}   (search: {searches})")
     finally:
         infra.stop()
     raise typer.Exit(1 if failed else 0)
