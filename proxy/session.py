@@ -44,7 +44,7 @@ from proxy.checkpoint import CheckpointSink
 from proxy.errors import ContextExhausted, InvalidRequest, NotFound, ReplicaUnavailable
 from proxy.parsers import parse_output
 from proxy.pool import ReplicaPool
-from proxy.tokenization import ConversationTracker, TurnInfo
+from proxy.tokenization import ConversationTracker, MainThreadRule, TurnInfo
 from proxy.trajectory import Mark, Trajectory
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,11 @@ class SessionConfig:
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     checkpoint: CheckpointSink | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # Which call defines the main thread (see proxy.tokenization rule 1).
+    main_thread: MainThreadRule = "first"
+    # The trainer's global step whose weights the replicas serve (recorded per segment as the
+    # policy-version range); None when unknown.
+    policy_version: int | None = None
 
     def with_overrides(self, body: Any) -> SessionConfig:
         """This config updated from a ``POST /sessions`` JSON body. Raises ``ValueError``
@@ -80,7 +85,8 @@ class SessionConfig:
         if not isinstance(body, dict):
             raise TypeError("session body must be a JSON object")
         unknown = set(body) - {"model", "sampling", "max_context_tokens", "replicas", "metadata",
-                               "reasoning_parser", "tool_parser", "template_kwargs"}
+                               "reasoning_parser", "tool_parser", "template_kwargs", "main_thread",
+                               "policy_version"}
         if unknown:
             raise ValueError(f"unknown session fields: {sorted(unknown)}")
         out = self
@@ -114,6 +120,14 @@ class SessionConfig:
         for k in ("reasoning_parser", "tool_parser"):
             if k in body:
                 out = replace(out, **{k: None if body[k] is None else _typed(body[k], str, k)})
+        if "main_thread" in body:
+            rule = _typed(body["main_thread"], str, "main_thread")
+            if rule not in ("first", "first_with_tools"):
+                raise ValueError("main_thread must be 'first' or 'first_with_tools'")
+            out = replace(out, main_thread=rule)
+        if "policy_version" in body:
+            v = body["policy_version"]
+            out = replace(out, policy_version=None if v is None else _typed(v, int, "policy_version"))
         return out
 
 
@@ -131,7 +145,9 @@ class Session:
         self.config = config
         self.pool = pool
         self.tokenizer = tokenizer
-        self.tracker = ConversationTracker(tokenizer, session_id=session_id, template_kwargs=config.template_kwargs)
+        self.tracker = ConversationTracker(
+            tokenizer, session_id=session_id, template_kwargs=config.template_kwargs,
+            main_thread=config.main_thread)
         self.tracker.trajectory.metadata.update(config.metadata)
         self.overlong = False
         self.closed = False
@@ -178,6 +194,7 @@ class Session:
                 self.overlong = True
                 raise ContextExhausted(prompt_len, limit)
             bounds = (request.sampling.max_tokens, self.config.sampling.max_tokens, left)
+            max_tokens = min(b for b in bounds if b is not None)
             sampling = replace(self.config.sampling, stop=request.sampling.stop)
             started = time.time()
             gen = await self.pool.generate(
@@ -185,7 +202,7 @@ class Session:
                 CompletionRequest(
                     model=self.config.model,
                     prompt_ids=prepared.prompt_ids,
-                    max_tokens=min(b for b in bounds if b is not None),
+                    max_tokens=max_tokens,
                     sampling=sampling,
                 ),
             )
@@ -201,7 +218,11 @@ class Session:
                 text, reasoning=self.config.reasoning_parser, tools=self.config.tool_parser,
                 tool_call_id_factory=new_tool_call_id, tool_specs=request.tools,
             )
-            self.tracker.commit(prepared, gen, parsed, TurnInfo(started_at=started, latency_s=time.time() - started))
+            self.tracker.commit(prepared, gen, parsed, TurnInfo(
+                started_at=started, latency_s=time.time() - started,
+                policy_version=self.config.policy_version,
+                # only a turn cut by the context window (not by the client's max_tokens) is overlong
+                context_limited=max_tokens == left))
             await self._checkpoint()
         finish: FinishReason = "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
         return TurnOutcome(parsed, finish, prompt_len, len(gen.token_ids), stop_sequence=stop_sequence)

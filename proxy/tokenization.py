@@ -21,8 +21,10 @@ end-of-turn text (``<|im_end|>``). ``template_kwargs`` go to every render (e.g.
 Rules (all decided in ``prepare``; ``commit`` only records):
 
 1. Routing. A request's system key is a hash of the text of all system-role messages before
-   the first non-system message. The first request of the session (prepared and committed)
-   defines the main thread's key. Requests with that key go to main segments; any other key
+   the first non-system message. The main thread's key is defined by the first committed
+   request (``main_thread="first"``, the default) or by the first committed request that
+   carries tools (``main_thread="first_with_tools"``: for scaffolds such as OpenCode whose
+   first call is a tool-less title generation); tool-less requests before that are side calls. Requests with that key go to main segments; any other key
    goes to side segments with the same key (sub-agents, title generators, ...).
 2. Extension. Candidate segments (same key and kind, newest first) are tried in turn. A
    segment is extended when the request's messages start with the segment's recorded
@@ -70,11 +72,14 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolSpec, assistant_message
 from proxy.errors import InvalidRequest
 from proxy.trajectory import SegmentHeader, SegmentKind, Trajectory, TrajectoryError, TurnDelta, TurnRecord
+
+
+MainThreadRule = Literal["first", "first_with_tools"]
 
 
 class StalePreparedTurn(TrajectoryError):
@@ -183,7 +188,11 @@ class ConversationTracker:
         session_id: str = "",
         trajectory: Trajectory | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        main_thread: MainThreadRule = "first",
     ) -> None:
+        if main_thread not in ("first", "first_with_tools"):
+            raise ValueError(f"main_thread must be 'first' or 'first_with_tools', not {main_thread!r}")
+        self.main_thread = main_thread
         self.tokenizer = tokenizer
         self.trajectory = trajectory if trajectory is not None else Trajectory(session_id=session_id)
         self.template_kwargs = dict(template_kwargs or {})
@@ -222,7 +231,10 @@ class ConversationTracker:
             raise InvalidRequest("messages must not be empty", param="messages")
         tools = tuple(request.tools or ())
         key = system_key(messages)
-        kind: SegmentKind = "main" if self._main_key in (None, key) else "side"
+        if self._main_key is None:
+            kind: SegmentKind = "main" if self.main_thread == "first" or tools else "side"
+        else:
+            kind = "main" if key == self._main_key else "side"
         norms = tuple(_norm(m) for m in messages)
         segs = self.trajectory.segments
         for idx in range(len(segs) - 1, -1, -1):
@@ -327,7 +339,7 @@ class ConversationTracker:
             env_ids=prepared.env_ids, new_segment=prepared.new_segment,
             routed_experts=generation.routed_experts, policy_version=info.policy_version,
         ))
-        if self._main_key is None:
+        if self._main_key is None and prepared.kind == "main":
             self._main_key = prepared.system_key
         norms = prepared.norms if len(prepared.norms) == len(prepared.messages) else tuple(
             _norm(m) for m in prepared.messages)

@@ -221,3 +221,29 @@ async def test_closed_session_refuses(tok):
         assert t.counters.turns == 1
         with pytest.raises(NotFound):
             await s.run_turn(_req([{"role": "user", "content": "q"}]), new_tool_call_id=_ids())
+
+
+async def test_overlong_counts_only_context_cuts_and_policy_version_is_recorded(tok):
+    long_reply = "word " * 200
+    async with ScriptedVLLM(tok, script=[Reply(long_reply), Reply(long_reply)]) as dbl:
+        s = _session(tok, dbl, max_context_tokens=4096, policy_version=7)
+        # cut by the client's own max_tokens: a normal length finish, not overlong
+        o1 = await s.run_turn(_req([SYSTEM, {"role": "user", "content": "q"}], max_tokens=5), new_tool_call_id=_ids())
+        assert o1.finish_reason == "length" and s.trajectory.counters.overlong == 0
+        # cut by the context window: overlong
+        prompt_len = len(dbl.requests[-1]["prompt"])
+        s2 = _session(tok, dbl, max_context_tokens=prompt_len + 5, policy_version=7)
+        o2 = await s2.run_turn(_req([SYSTEM, {"role": "user", "content": "q"}]), new_tool_call_id=_ids())
+        assert o2.finish_reason == "length" and dbl.requests[-1]["max_tokens"] == 5
+    assert s2.trajectory.counters.overlong == 1 and s2.trajectory.turns[0].overlong
+    seg = s.trajectory.segments[0]
+    assert (seg.policy_version_min, seg.policy_version_max) == (7, 7)
+
+
+def test_session_body_sets_main_thread_and_policy_version():
+    cfg = SessionConfig().with_overrides({"main_thread": "first_with_tools", "policy_version": 3})
+    assert (cfg.main_thread, cfg.policy_version) == ("first_with_tools", 3)
+    with pytest.raises(ValueError):
+        SessionConfig().with_overrides({"main_thread": "whatever"})
+    with pytest.raises(TypeError):
+        SessionConfig().with_overrides({"policy_version": "7"})

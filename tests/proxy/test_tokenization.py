@@ -397,3 +397,25 @@ def test_extension_env_tokens_equal_the_full_render_delta(tok, numbered):
             assert prepared.env_ids == tok.encode(full[cut:], add_special_tokens=False)
     assert len(tracker.trajectory.segments) == 1
     assert tracker._tail_ok is (not numbered)
+
+
+def test_first_with_tools_rule_makes_the_agent_main_after_a_title_call(tok):
+    """OpenCode's first call is a tool-less title generation; with ``first_with_tools`` the
+    agent's conversation (which carries tools) is the main thread and the title call a side."""
+    tracker, model = ConversationTracker(tok, session_id="s", main_thread="first_with_tools"), Model(tok)
+    title = [{"role": "system", "content": "Generate a title."}, {"role": "user", "content": "make a file"}]
+    run_turn(tracker, model, title, ParsedOutput(content="File task"), tools=None)
+    agent = [SYSTEM, {"role": "user", "content": "make a file"}]
+    p1, _, parsed = run_turn(tracker, model, agent, ParsedOutput(content="", tool_calls=[bash("touch f")]))
+    agent = agent + [assistant_message(parsed), {"role": "tool", "content": ""}]
+    p2, _, _ = run_turn(tracker, model, agent, ParsedOutput(content="done"))
+    kinds = [(s.kind, s.rewritten) for s in tracker.trajectory.segments]
+    assert kinds == [("side", False), ("main", False)]
+    assert p2.extends and p2.segment_index == p1.segment_index == 1
+    # the default rule keeps the old behaviour: the first call is main
+    default = ConversationTracker(tok, session_id="d")
+    run_turn(default, Model(tok), title, ParsedOutput(content="File task"), tools=None)
+    run_turn(default, Model(tok), [SYSTEM, {"role": "user", "content": "x"}], ParsedOutput(content="y"))
+    assert [s.kind for s in default.trajectory.segments] == ["main", "side"]
+    with pytest.raises(ValueError):
+        ConversationTracker(tok, main_thread="longest")
