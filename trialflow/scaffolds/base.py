@@ -80,6 +80,9 @@ class Scaffold(abc.ABC):
 
     name: str
     needs_model: bool = True
+    # Which of the scaffold's calls define the proxy session's main thread (proxy.tokenization
+    # rule 1): "first", or "first_with_tools" for CLIs that open with tool-less side calls.
+    main_thread: str = "first"
 
     def mounts(self) -> Sequence[Mount]:
         """Host paths to bind into the sandbox at creation (e.g. a host-installed CLI)."""

@@ -128,6 +128,7 @@ class ClaudeCodeScaffold(CliScaffold):
 
     name = "claude-code"
     needs_model = True
+    main_thread = "first_with_tools"  # its first call may be a tool-less title/quota call
     binary = "claude"
     candidates = BINARY_CANDIDATES
 

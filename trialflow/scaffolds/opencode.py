@@ -127,6 +127,7 @@ class OpenCodeScaffold(CliScaffold):
 
     name = "opencode"
     needs_model = True
+    main_thread = "first_with_tools"  # its first call may be a tool-less title/quota call
     binary = "opencode"
     candidates = BINARY_CANDIDATES
 
