@@ -1,0 +1,283 @@
+"""Latency the proxy adds per turn: direct vLLM-wire calls vs the proxy, same run, same backend.
+
+Three processes, so the load generator's CPU is not charged to the proxy:
+
+- backend: ``tests.doubles.scripted_vllm.ScriptedVLLM`` (a TEST DOUBLE speaking vLLM's
+  ``/v1/completions`` wire format); every call sleeps ``--delay-ms`` (the "generation") and
+  answers the same ~``--reply-tokens``-token text, so the backend's latency is fixed and known;
+- proxy: ``ProxyServer`` in its own process, pointed at that backend;
+- load generator (this process): ``--sessions`` concurrent multi-turn sessions, each doing
+  ``--turns`` turns that extend its history (a user message of ~60 tokens per turn on top of
+  a ~``--system-tokens`` system prompt).
+
+Modes, measured in alternating rounds (direct, proxy, direct, ...) so drift in the
+machine's load hits both alike:
+
+- ``direct``: ``POST /v1/completions`` with the token ids of the rendered conversation
+  (pre-computed with the same tokenizer + chat template, outside the timed region);
+- ``openai``: ``POST {openai_base_url}/chat/completions``, non-streaming, full history;
+- ``anthropic-stream``: ``POST {anthropic_base_url}/v1/messages`` with ``stream: true``,
+  timed until the last byte of the event stream.
+
+A turn's latency is request sent -> full response read, on the client. Reported per
+concurrency: p50/p90/p99 per mode, added ms (proxy p50 - direct p50, and the same at
+p90/p99) and the ratio proxy/direct at each percentile, plus the CPU milliseconds the proxy
+process and the backend process spent per turn in each mode (from /proc; on a loaded machine
+this is steadier than wall-clock latency, which includes waiting for a core).
+
+    .venv/bin/python bench/proxy_overhead.py [--concurrency 1 64] [--turns 8] [--rounds 3] [--min-turns 200]
+        [--delay-ms 50] [--reply-tokens 200] [--modes openai anthropic-stream] [--profile-proxy FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER_DIR = Path(tempfile.gettempdir()) / "trialflow-bench-tokenizer"
+WORDS = ("the function reads the file and returns a list of parsed records while the tests check "
+         "each field for the expected value and report any mismatch to the caller").split()
+
+
+def words(n: int, salt: int) -> str:
+    return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(n))
+
+
+def sized_text(tok, tokens: int, salt: int) -> str:
+    """A text of about ``tokens`` tokens under ``tok`` (grown word by word)."""
+    n = max(1, tokens // 2)
+    while len(tok.encode(words(n, salt), add_special_tokens=False)) < tokens:
+        n += max(1, n // 20)
+    return words(n, salt)
+
+
+# -- server processes ----------------------------------------------------------------------
+async def serve_backend(delay_s: float, reply_tokens: int) -> None:
+    sys.path.insert(0, str(REPO))
+    from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
+    from trialflow.tinymodel import build_tokenizer
+
+    tok = build_tokenizer(TOKENIZER_DIR)
+    reply = Reply(text=sized_text(tok, reply_tokens, salt=3), delay_s=delay_s)
+    backend = await ScriptedVLLM(tok, default=reply, max_model_len=1 << 20).start()
+    print(json.dumps({"url": backend.url, "pid": os.getpid()}), flush=True)
+    await asyncio.Event().wait()
+
+
+async def serve_proxy(backend_url: str, profile: str | None) -> None:
+    """Serve until SIGTERM. With ``profile``, cProfile the whole serving period and write
+    the pstats file (CPU time, not wall time) there on SIGTERM."""
+    import cProfile
+    import signal
+
+    from proxy.server import ProxyServer
+    from trialflow.tinymodel import build_tokenizer
+
+    tok = build_tokenizer(TOKENIZER_DIR)
+    server = ProxyServer(tokenizer=tok, replicas=[backend_url])
+    await server.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    # CPU-time timer: on a loaded machine wall time inside a call includes waiting for a core.
+    profiler = cProfile.Profile(time.process_time) if profile else None
+    if profiler is not None:
+        profiler.enable()
+    print(json.dumps({"url": server.base_url, "pid": os.getpid()}), flush=True)
+    await stop.wait()
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    await server.stop()
+
+
+def spawn(*args: str) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, cwd=REPO, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"server process {args} exited with {proc.wait()}")
+    return proc, json.loads(line)
+
+
+# -- load generator ------------------------------------------------------------------------
+class Conversation:
+    """One session's scripted history: the user text of each turn; the assistant's reply is
+    whatever the backend answers (always the same text)."""
+
+    def __init__(self, tok, system_tokens: int, turns: int, salt: int, reply: str) -> None:
+        self.system = sized_text(tok, system_tokens, salt)
+        self.users = [sized_text(tok, 60, salt * 31 + t) for t in range(turns)]
+        self.reply = reply
+
+    def messages(self, turn: int) -> list[dict]:
+        msgs = [{"role": "system", "content": self.system}]
+        for t in range(turn + 1):
+            msgs.append({"role": "user", "content": self.users[t]})
+            if t < turn:
+                msgs.append({"role": "assistant", "content": self.reply})
+        return msgs
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+async def run_round(mode: str, convs: list[Conversation], prompts: list[list[list[int]]], backend: str,
+                    proxy: str, max_tokens: int, http: aiohttp.ClientSession) -> list[float]:
+    lat: list[float] = []
+
+    async def one_session(i: int) -> None:
+        conv = convs[i]
+        base = None
+        if mode != "direct":
+            async with http.post(f"{proxy}/sessions", json={}) as r:
+                handle = await r.json()
+            base = handle["openai_base_url"] if mode == "openai" else handle["anthropic_base_url"]
+        for t in range(len(conv.users)):
+            if mode == "direct":
+                url, body = f"{backend}/v1/completions", {
+                    "model": "default", "prompt": prompts[i][t], "max_tokens": max_tokens, "temperature": 1.0,
+                    "top_p": 1.0, "logprobs": 1, "return_token_ids": True, "skip_special_tokens": False,
+                    "include_stop_str_in_output": True, "stream": False}
+            elif mode == "openai":
+                url, body = f"{base}/chat/completions", {"model": "default", "messages": conv.messages(t),
+                                                         "max_tokens": max_tokens}
+            else:
+                msgs = conv.messages(t)
+                url, body = f"{base}/v1/messages", {"model": "default", "system": msgs[0]["content"],
+                                                    "messages": msgs[1:], "max_tokens": max_tokens, "stream": True}
+            payload = json.dumps(body).encode()
+            t0 = time.perf_counter()
+            async with http.post(url, data=payload, headers={"content-type": "application/json"}) as r:
+                data = await r.read()
+            lat.append(time.perf_counter() - t0)
+            if r.status != 200:
+                raise RuntimeError(f"{mode} turn {t}: HTTP {r.status}: {data[:300]!r}")
+            if mode == "openai":
+                got = json.loads(data)["choices"][0]["message"]["content"]
+                if got != conv.reply:
+                    raise RuntimeError(f"openai reply differs from the backend's text: {got[:80]!r}")
+        if mode != "direct":
+            async with http.post(f"{proxy}/sessions/{handle['session_id']}/close?format=json") as r:
+                summary = await r.json()
+            segments = summary.get("segments")
+            if isinstance(segments, list) and len(segments) != 1:
+                print(f"note: session {i} ({mode}) recorded {len(segments)} segments", file=sys.stderr)
+
+    await asyncio.gather(*(one_session(i) for i in range(len(convs))))
+    return lat
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def summarise(lat: list[float]) -> dict:
+    return {"n": len(lat), **{f"p{q}": round(pct(lat, q / 100) * 1e3, 2) for q in (50, 90, 99)}}
+
+
+async def load(args: argparse.Namespace, backend: str, proxy: str, pids: dict[str, int]) -> dict:
+    sys.path.insert(0, str(REPO))
+    from trialflow.tinymodel import build_tokenizer
+
+    tok = build_tokenizer(TOKENIZER_DIR)
+    reply = sized_text(tok, args.reply_tokens, salt=3)
+    results: dict = {}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as http:
+        for conc in args.concurrency:
+            convs = [Conversation(tok, args.system_tokens, args.turns, salt=s, reply=reply) for s in range(conc)]
+            prompts = [[tok.apply_chat_template(c.messages(t), add_generation_prompt=True, tokenize=True)
+                        for t in range(args.turns)] for c in convs]
+            prompts = [[list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in ps] for ps in prompts]
+            await run_round("direct", convs[:1], prompts, backend, proxy, args.max_tokens, http)  # warm-up
+            lat: dict[str, list[float]] = {m: [] for m in ["direct", *args.modes]}
+            cpu = {m: {"proxy": 0.0, "backend": 0.0} for m in lat}
+            rounds = max(args.rounds, -(-args.min_turns // (conc * args.turns)))
+            for _ in range(rounds):
+                for mode in lat:
+                    before = {k: cpu_s(pid) for k, pid in pids.items()}
+                    lat[mode] += await run_round(mode, convs, prompts, backend, proxy, args.max_tokens, http)
+                    for k, pid in pids.items():
+                        cpu[mode][k] += cpu_s(pid) - before[k]
+            row: dict = {"sessions": conc, "turns_per_session": args.turns,
+                         "prompt_tokens_first_last": [len(prompts[0][0]), len(prompts[0][-1])]}
+            base = summarise(lat["direct"])
+            row["direct"] = base
+            for mode in lat:
+                turns = len(lat[mode])
+                row.setdefault("cpu_ms_per_turn", {})[mode] = {
+                    k: round(v / turns * 1e3, 2) for k, v in cpu[mode].items()}
+            for mode in args.modes:
+                s = summarise(lat[mode])
+                row[mode] = {**s, **{f"added_ms_p{q}": round(s[f"p{q}"] - base[f"p{q}"], 2) for q in (50, 90, 99)},
+                             **{f"ratio_p{q}": round(s[f"p{q}"] / base[f"p{q}"], 3) for q in (50, 90, 99)}}
+            results[str(conc)] = row
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--serve-backend", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-proxy", metavar="BACKEND_URL", help=argparse.SUPPRESS)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds per concurrency")
+    ap.add_argument("--min-turns", type=int, default=200,
+                    help="more rounds at low concurrency until each mode has this many turns")
+    ap.add_argument("--delay-ms", type=float, default=50.0)
+    ap.add_argument("--reply-tokens", type=int, default=200)
+    ap.add_argument("--system-tokens", type=int, default=1000)
+    ap.add_argument("--max-tokens", type=int, default=400)
+    ap.add_argument("--modes", nargs="+", default=["openai", "anthropic-stream"],
+                    choices=["openai", "anthropic-stream"])
+    ap.add_argument("--profile-proxy", metavar="FILE",
+                    help="cProfile the proxy process; pstats written to FILE at the end")
+    args = ap.parse_args()
+    if args.serve_backend:
+        asyncio.run(serve_backend(args.delay_ms / 1e3, args.reply_tokens))
+        return
+    if args.serve_proxy:
+        asyncio.run(serve_proxy(args.serve_proxy, args.profile_proxy))
+        return
+    procs = []
+    try:
+        backend_proc, backend = spawn("--serve-backend", "--delay-ms", str(args.delay_ms),
+                                      "--reply-tokens", str(args.reply_tokens))
+        procs.append(backend_proc)
+        proxy_proc, proxy = spawn("--serve-proxy", backend["url"],
+                                  *(["--profile-proxy", args.profile_proxy] if args.profile_proxy else []))
+        procs.append(proxy_proc)
+        load_before = os.getloadavg()
+        started = time.time()
+        results = asyncio.run(load(args, backend["url"], proxy["url"],
+                                   {"proxy": proxy["pid"], "backend": backend["pid"]}))
+        out = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+               "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(),
+               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+               "delay_ms": args.delay_ms, "reply_tokens": args.reply_tokens,
+               "system_tokens": args.system_tokens, "rounds": args.rounds, "results": results}
+        print(json.dumps(out, indent=2))
+    finally:
+        for p in reversed(procs):  # proxy first: it may be writing a profile
+            p.terminate()
+            p.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()

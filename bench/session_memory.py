@@ -1,0 +1,157 @@
+"""Memory held per open proxy session whose trajectory has reached ~32K tokens.
+
+``--sessions`` sessions are opened on a real ``ProxyServer`` (in this process) and driven
+turn by turn through ``Session.run_turn`` (the code path behind both protocol routes, minus
+HTTP) until each holds about ``--tokens`` tokens: a ~2K-token system prompt, then turns of a
+~100-token user message and a ~``--reply-tokens``-token reply. The backend is
+``tests.doubles.scripted_vllm.ScriptedVLLM`` (a TEST DOUBLE of vLLM's ``/v1/completions``)
+in a separate process, so its request log does not count here.
+
+Two passes, each building ``--sessions`` sessions (the client's own message lists are
+dropped and ``gc.collect()`` runs before measuring):
+
+1. RSS (``VmRSS``) after minus before, without tracemalloc (its per-allocation bookkeeping
+   would inflate RSS); the sessions are then closed;
+2. ``tracemalloc`` traced bytes after minus before, plus the allocation sites (file:line)
+   that gained the most, so the cost can be attributed.
+
+Both are divided by the number of sessions. RSS includes allocator slack and is an upper
+bound; tracemalloc counts Python-heap bytes only (numpy buffers are traced too). Baseline: the raw token arrays of the same
+trajectories (full ids as int32, response mask as int8, response logprobs as float32),
+so the ratio says how much the in-memory representation costs over packed arrays. For
+reference the compressed npz checkpoint size (``Trajectory.to_bytes()``) is reported too.
+
+    .venv/bin/python bench/session_memory.py [--sessions 16] [--tokens 32768] [--reply-tokens 2000] [--top 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import json
+import os
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from proxy_overhead import TOKENIZER_DIR, sized_text, spawn  # noqa: E402
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def raw_array_bytes(trajectory) -> int:
+    """int32 ids + int8 mask + float32 logprobs for every segment."""
+    return sum(4 * len(s) + 1 * len(s.response_mask) + 4 * len(s.response_logprobs) for s in trajectory.segments)
+
+
+async def build(args: argparse.Namespace, backend_url: str) -> dict:
+    from proxy.chat import ChatRequest
+    from proxy.server import ProxyServer
+    from trialflow.tinymodel import build_tokenizer
+
+    tok = build_tokenizer(TOKENIZER_DIR)
+    reply = sized_text(tok, args.reply_tokens, salt=3)
+    server = ProxyServer(tokenizer=tok, replicas=[backend_url])
+    await server.start()
+    ids = itertools.count()
+    try:
+        # Warm up code paths and caches (first render, first HTTP connection) outside the count.
+        warm = server.open_session()
+        await server.session(warm.session_id).run_turn(
+            ChatRequest(protocol="openai", messages=[{"role": "user", "content": "hi"}]),
+            new_tool_call_id=lambda: f"call_{next(ids)}")
+        await server.close_session(warm.session_id)
+        system = sized_text(tok, 2000, salt=1)
+        users = [sized_text(tok, 100, salt=10 + t) for t in range(200)]
+
+        async def fill(tag: str) -> list:
+            handles = []
+            for i in range(args.sessions):
+                handle = server.open_session()
+                handles.append(handle)
+                session = server.session(handle.session_id)
+                messages = [{"role": "system", "content": f"{tag} session {i}. {system}"}]
+                t = 0
+                while sum(len(s) for s in session.trajectory.segments) < args.tokens and t < len(users):
+                    messages.append({"role": "user", "content": users[t]})
+                    outcome = await session.run_turn(ChatRequest(protocol="openai", messages=list(messages)),
+                                                     new_tool_call_id=lambda: f"call_{next(ids)}")
+                    messages.append({"role": "assistant", "content": outcome.parsed.content})
+                    t += 1
+                del messages
+            gc.collect()
+            return handles
+
+        # Pass 1: RSS only (tracemalloc's own bookkeeping would inflate RSS).
+        gc.collect()
+        rss0 = rss_bytes()
+        handles = await fill("rss")
+        rss1 = rss_bytes()
+        for h in handles:
+            await server.close_session(h.session_id)
+        # Pass 2: tracemalloc, with the allocation sites that hold the most.
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        traced0 = tracemalloc.get_traced_memory()[0]
+        handles = await fill("traced")
+        traced1 = tracemalloc.get_traced_memory()[0]
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        top = [{"site": str(stat.traceback[0]), "bytes_per_session": round(stat.size_diff / args.sessions)}
+               for stat in after.compare_to(before, "lineno")[:args.top]]
+        trajs = [server.session(h.session_id).trajectory for h in handles]
+        raw = sum(raw_array_bytes(tr) for tr in trajs) / len(trajs)
+        npz = sum(len(tr.to_bytes()) for tr in trajs) / len(trajs)
+        tokens = sum(sum(len(s) for s in tr.segments) for tr in trajs) / len(trajs)
+        response = sum(sum(len(s.response_ids) for s in tr.segments) for tr in trajs) / len(trajs)
+        segments = sorted({len(tr.segments) for tr in trajs})
+        turns = sorted({tr.counters.turns for tr in trajs})
+    finally:
+        await server.stop()
+    traced = (traced1 - traced0) / args.sessions
+    rss = (rss1 - rss0) / args.sessions
+    return {"sessions": args.sessions, "tokens_per_session": round(tokens),
+            "response_tokens_per_session": round(response), "turns_per_session": turns,
+            "segments_per_session": segments,
+            "tracemalloc_bytes_per_session": round(traced), "rss_bytes_per_session": round(rss),
+            "raw_arrays_bytes_per_session": round(raw), "npz_bytes_per_session": round(npz),
+            "ratio_tracemalloc_to_raw": round(traced / raw, 2), "ratio_rss_to_raw": round(rss / raw, 2),
+            "tracemalloc_bytes_per_token": round(traced / tokens, 1), "top_allocation_sites": top}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sessions", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--reply-tokens", type=int, default=2000)
+    ap.add_argument("--top", type=int, default=8, help="allocation sites to list")
+    args = ap.parse_args()
+    proc, backend = spawn("--serve-backend", "--delay-ms", "0", "--reply-tokens", str(args.reply_tokens))
+    try:
+        load_before = os.getloadavg()
+        started = time.time()
+        result = asyncio.run(build(args, backend["url"]))
+        out = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+               "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(),
+               "loadavg_before": load_before, "loadavg_after": os.getloadavg(), **result}
+        print(json.dumps(out, indent=2))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
