@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -92,7 +93,7 @@ async def direct_trial(backend, task, scaffold_name: str) -> tuple[float, dict[s
     finally:
         await sandbox.stop()
     marks.append(time.perf_counter())
-    phases = dict(zip(("setup", "scaffold", "verify", "teardown"), (b - a for a, b in zip(marks, marks[1:]))))
+    phases = dict(zip(("setup", "scaffold", "verify", "teardown"), (b - a for a, b in itertools.pairwise(marks))))
     return marks[-1] - marks[0], phases, result.reward
 
 

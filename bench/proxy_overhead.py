@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,8 +45,9 @@ import aiohttp
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = Path(tempfile.gettempdir()) / "trialflow-bench-tokenizer"
-WORDS = ("the function reads the file and returns a list of parsed records while the tests check "
-         "each field for the expected value and report any mismatch to the caller").split()
+WORDS = ["the", "function", "reads", "the", "file", "and", "returns", "a", "list", "of", "parsed", "records",
+         "while", "the", "tests", "check", "each", "field", "for", "the", "expected", "value", "and", "report",
+         "any", "mismatch", "to", "the", "caller"]
 
 
 def words(n: int, salt: int) -> str:
@@ -131,7 +131,7 @@ class Conversation:
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 async def run_round(mode: str, convs: list[Conversation], prompts: list[list[list[int]]], backend: str,
@@ -218,8 +218,8 @@ async def load(args: argparse.Namespace, backend: str, proxy: str, pids: dict[st
                          "prompt_tokens_first_last": [len(prompts[0][0]), len(prompts[0][-1])]}
             base = summarise(lat["direct"])
             row["direct"] = base
-            for mode in lat:
-                turns = len(lat[mode])
+            for mode, xs in lat.items():
+                turns = len(xs)
                 row.setdefault("cpu_ms_per_turn", {})[mode] = {
                     k: round(v / turns * 1e3, 2) for k, v in cpu[mode].items()}
             for mode in args.modes:

@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from proxy_overhead import TOKENIZER_DIR, sized_text, spawn  # noqa: E402
+from proxy_overhead import TOKENIZER_DIR, sized_text, spawn
 
 
 def rss_bytes() -> int:
@@ -62,7 +62,6 @@ async def build(args: argparse.Namespace, backend_url: str) -> dict:
     from trialflow.tinymodel import build_tokenizer
 
     tok = build_tokenizer(TOKENIZER_DIR)
-    reply = sized_text(tok, args.reply_tokens, salt=3)
     server = ProxyServer(tokenizer=tok, replicas=[backend_url])
     await server.start()
     ids = itertools.count()

@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from orchestration import temporal_worker  # noqa: E402
+from orchestration import temporal_worker
 
 CGROUP = Path("/sys/fs/cgroup/memory/docker")
 
@@ -82,6 +82,8 @@ async def sample_peaks(dclient, queue: str, temporal_pid: int | None, every_s: f
 
 
 async def level(client, settings, process, dclient, n: int, args: argparse.Namespace, temporal_pid) -> dict:
+    from temporalio.service import RPCError
+
     from trialflow import batch
 
     batch_id = f"tput{n}-{uuid.uuid4().hex[:6]}"
@@ -101,8 +103,8 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
         for spec in specs:
             try:
                 await client.get_workflow_handle(spec.trial_id).terminate("bench level timed out")
-            except Exception:  # already closed
-                pass
+            except RPCError as exc:  # typically: already closed
+                print(f"terminate {spec.trial_id}: {exc}", file=sys.stderr)
     wall = time.perf_counter() - t0
     sampler.cancel()
     phases: dict[str, list[float]] = {}
