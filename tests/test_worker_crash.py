@@ -178,6 +178,8 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
         keys1 = TrialKeys(spec.batch_id, spec.trial_id, 1)
         deadline = time.monotonic() + 180
         while True:
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the worker never answered"
             try:  # the worker may still be starting: nobody answers queries yet
                 progress = await handle.query(
                     TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5)
@@ -191,7 +193,6 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
                 and len(checkpoints) >= 3
             ):
                 break
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             assert time.monotonic() < deadline, f"no progress: {progress}"
             await asyncio.sleep(0.3)
         first_queue = progress.host_queue
