@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import docker
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from activities.sandbox import SandboxActivities
@@ -95,25 +95,37 @@ class WorkerProcess:
             self.backend.close()
 
     async def _drain(self) -> None:
-        """Take no new sandboxes, let the ones here finish their trials (scaffold, verify,
-        teardown run on this host queue), then stop; all within `drain_grace_s`.
+        """Take no new sandboxes, let the trials whose sandboxes live here run to their end
+        (scaffold, verify, teardown on this host queue; the result stored by this or any
+        worker), then stop; all within `drain_grace_s`.
 
-        Workflow tasks keep being processed meanwhile, so a lone worker can still move
-        its trials along. Sandboxes whose trials do not finish in time stay for the
-        reaper; their workflows start a new attempt elsewhere (host lost).
+        Workflow tasks and result storage keep being served meanwhile, so a lone worker
+        can still finish its trials. Sandboxes whose trials do not finish in time stay for
+        the reaper; their workflows start a new attempt elsewhere (host lost).
         """
         grace = self.settings.drain_grace_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
+        owned = self.sandboxes.live_workflows()
         log.info("draining: %d sandbox(es), grace %.0fs", self.sandboxes.live, grace)
         await self.setups.shutdown()
-        while self.sandboxes.live and loop.time() < deadline:
+        while loop.time() < deadline:
+            if not self.sandboxes.live and not await self._running(owned):
+                break
             await asyncio.sleep(0.5)
-        if self.sandboxes.live:
+        else:
             log.warning(
                 "drain grace over with %d sandbox(es) left", self.sandboxes.live
             )
         await asyncio.gather(self.host.shutdown(), self.workflows.shutdown())
+
+    async def _running(self, workflow_ids: set[str]) -> bool:
+        """True while any of these workflows is still open."""
+        for workflow_id in workflow_ids:
+            desc = await self.client.get_workflow_handle(workflow_id).describe()
+            if desc.status == WorkflowExecutionStatus.RUNNING:
+                return True
+        return False
 
     async def _reap_forever(self) -> None:
         while True:

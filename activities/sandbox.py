@@ -39,12 +39,17 @@ class SandboxActivities:
         self._store_uri = store_uri
         self._host_queue = host_queue
         self._metrics = metrics
-        self._live: set[str] = set()  # sandboxes created here and not yet torn down
+        # Sandboxes created here and not yet torn down -> their trial's workflow id.
+        self._live: dict[str, str] = {}
 
     @property
     def live(self) -> int:
         """Sandboxes created by this worker and not torn down yet (drain waits on it)."""
         return len(self._live)
+
+    def live_workflows(self) -> set[str]:
+        """Workflow ids of the trials whose sandboxes live here."""
+        return set(self._live.values())
 
     @activity.defn(name="trial.setup")
     async def setup(self, inp: SetupInput) -> SetupOutput:
@@ -66,7 +71,7 @@ class SandboxActivities:
                 except BaseException:
                     await sandbox.stop()
                     raise
-        self._live.add(sandbox.id)
+        self._live[sandbox.id] = activity.info().workflow_id
         self._metrics.trials_running.set(len(self._live))
         seconds = time.monotonic() - started
         self._metrics.phase_seconds.labels("setup").observe(seconds)
@@ -92,7 +97,7 @@ class SandboxActivities:
             except SandboxLost:
                 return TeardownOutput(seconds=time.monotonic() - started)
             await sandbox.stop()
-        self._live.discard(sandbox.id)
+        self._live.pop(sandbox.id, None)
         self._metrics.trials_running.set(len(self._live))
         seconds = time.monotonic() - started
         self._metrics.phase_seconds.labels("teardown").observe(seconds)
