@@ -17,6 +17,11 @@ and peak memory sampled every ``--sample-s``:
   this worker's label through the Docker API;
 - the Temporal dev server's RSS (it is a separate process started here).
 
+CPU: machine-wide busy CPU seconds during the level (``/proc/stat``) against wall x cores,
+and CPU seconds by process name (``/proc/*/stat``, including reaped children), which shows
+what the cores were doing (dockerd, containerd-shim/runc, the worker, Temporal, and other
+users' processes on a shared machine).
+
 A level that does not finish within ``--level-timeout-s`` is reported as such, with how
 many trials had finished; its workflows are then terminated.
 
@@ -66,6 +71,33 @@ def containers_bytes(dclient, queue: str) -> int:
     return total
 
 
+def cpu_by_process(own: dict[int, str]) -> dict[str, float]:
+    """CPU seconds (user + system, plus reaped children's) of every process, summed by
+    command name; pids in ``own`` are reported under their given name instead. A process
+    that exited is counted only if a living parent reaped it (its time is then the
+    parent's ``cutime``), e.g. ``runc`` under ``containerd-shim``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        name = own.get(int(d.name)) or stat[stat.index("(") + 1: stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + sum(int(x) for x in fields[11:15]) / tick
+    return out
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores spent not idle since boot (/proc/stat)."""
+    parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = parts[3] + parts[4]  # idle + iowait
+    return (sum(parts[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 async def sample_peaks(dclient, queue: str, temporal_pid: int | None, every_s: float, peaks: dict) -> None:
     while True:
         worker = rss_of("self")
@@ -92,6 +124,10 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
     peaks: dict = {}
     sampler = asyncio.create_task(sample_peaks(dclient, process.host_queue, temporal_pid, args.sample_s, peaks))
     done: list = []
+    own = {os.getpid(): "bench worker (this process)"}
+    if temporal_pid:
+        own[temporal_pid] = "temporal dev server (bench)"
+    cpu0, busy0 = cpu_by_process(own), machine_busy_s()
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     timed_out = False
@@ -107,6 +143,9 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
                 print(f"terminate {spec.trial_id}: {exc}", file=sys.stderr)
     wall = time.perf_counter() - t0
     sampler.cancel()
+    cpu1, busy1 = cpu_by_process(own), machine_busy_s()
+    spent = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
+    top = sorted(((k, v) for k, v in spent.items() if v > 0), key=lambda kv: -kv[1])[:args.top_processes]
     phases: dict[str, list[float]] = {}
     for r in done:
         for k, v in r.timings.items():
@@ -117,10 +156,12 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
         "trials_per_minute": round(len(done) / wall * 60, 1),
         "reward_1": sum(1 for r in done if r.reward_valid and r.reward == 1.0),
         "terminations": dict(Counter(r.termination_reason for r in done)),
-        "errors": dict(Counter(f"{r.error.type}: {r.error.message[:100]}" for r in done if r.error)),
+        "errors": dict(Counter(f"{r.error.phase}: {r.error.type}: {r.error.message[:100]}" for r in done if r.error)),
         "phase_medians_s": {k: round(statistics.median(v), 2) for k, v in phases.items()},
         "peak_mib": {k: (round(v / mib) if k != "max_running_containers" else v) for k, v in peaks.items()},
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "machine_cpu_busy_s": round(busy1 - busy0, 1), "machine_cpu_available_s": round(wall * os.cpu_count(), 1),
+        "cpu_s_by_process": {k: round(v, 1) for k, v in top},
     }
 
 
@@ -168,6 +209,7 @@ def main() -> None:
     ap.add_argument("--task", default="create-file")
     ap.add_argument("--sample-s", type=float, default=1.0)
     ap.add_argument("--level-timeout-s", type=float, default=900)
+    ap.add_argument("--top-processes", type=int, default=10, help="processes to list by CPU seconds")
     ap.add_argument("--temporal", help="use this Temporal frontend (host:port) instead of starting one")
     args = ap.parse_args()
     started = time.time()
