@@ -87,7 +87,9 @@ class ScaffoldActivities:
             sandbox = await self._backend.attach(inp.sandbox_id)
             model = inp.model or self._default_model
             session = (
-                self._open_session(inp, keys, model) if scaffold.needs_model else None
+                self._open_session(inp, keys, model, scaffold.main_thread)
+                if scaffold.needs_model
+                else None
             )
             ctx = ScaffoldContext(
                 sandbox=sandbox,
@@ -152,7 +154,9 @@ class ScaffoldActivities:
         await pool.check_health()
         return not any(replica.up for replica in pool.replicas)
 
-    def _open_session(self, inp: ScaffoldInput, keys: TrialKeys, model: str | None):
+    def _open_session(
+        self, inp: ScaffoldInput, keys: TrialKeys, model: str | None, main_thread: str
+    ):
         if self._proxy is None:
             raise ApplicationError(
                 f"scaffold {inp.scaffold} needs a model but this worker has no proxy "
@@ -176,6 +180,8 @@ class ScaffoldActivities:
             replicas=tuple(inp.replicas or config.replicas),
             checkpoint=StoreCheckpointSink(self._store, keys.checkpoints),
             metadata={"trial_id": inp.trial_id, "attempt": inp.attempt},
+            main_thread=main_thread,
+            policy_version=inp.policy_version,
         )
         return self._proxy.open_session(config)
 

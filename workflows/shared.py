@@ -204,6 +204,8 @@ class ScaffoldInput(BaseModel):
     model: str | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
     replicas: list[str] | None = None
+    # The trainer's global step served by the replicas: recorded as the policy-version range.
+    policy_version: int | None = None
 
 
 class ScaffoldOutput(BaseModel):

@@ -289,6 +289,7 @@ class TrialWorkflow:
                 model=spec.model,
                 sampling=spec.sampling,
                 replicas=spec.replicas,
+                policy_version=spec.step,
             ),
             start_to_close_timeout=timedelta(seconds=agent_timeout) + SCAFFOLD_GRACE,
             retry_policy=SCAFFOLD_RETRY,
