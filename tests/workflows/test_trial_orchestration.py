@@ -10,13 +10,16 @@ query, and a Replayer run over a history recorded here.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
+from pathlib import Path
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
 
@@ -41,6 +44,7 @@ from workflows.trial import TrialWorkflow
 pytestmark = pytest.mark.temporal
 
 DEAD_QUEUE = "trialflow-host-nobody-polls"
+HISTORIES = Path(__file__).parent / "histories"
 
 
 @dataclass
@@ -281,3 +285,17 @@ async def test_replayer_accepts_a_recorded_history(client, harness):
         workflows=[TrialWorkflow], data_converter=client.data_converter
     ).replay_workflow(history)
     assert replayed.replay_failure is None
+    if os.environ.get("TRIALFLOW_RECORD_HISTORY"):  # refresh the checked-in history on purpose
+        (HISTORIES / "two_attempts_lost_host.json").write_text(history.to_json())
+
+
+def test_checked_in_histories_replay_against_current_code():
+    """Histories recorded by earlier versions of TrialWorkflow (tests/workflows/histories/) must
+    replay: a change that breaks one needs ``workflow.patched`` (see workflows/trial.py)."""
+    files = sorted(HISTORIES.glob("*.json"))
+    assert files, "no recorded histories checked in"
+    replayer = Replayer(workflows=[TrialWorkflow], data_converter=pydantic_data_converter)
+    for path in files:
+        history = WorkflowHistory.from_json(path.stem, path.read_text())
+        result = asyncio.run(replayer.replay_workflow(history, raise_on_replay_failure=False))
+        assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"
