@@ -20,7 +20,9 @@ and peak memory sampled every ``--sample-s``:
 CPU: machine-wide busy CPU seconds during the level (``/proc/stat``) against wall x cores,
 and CPU seconds by process name (``/proc/*/stat``, including reaped children), which shows
 what the cores were doing (dockerd, containerd-shim/runc, the worker, Temporal, and other
-users' processes on a shared machine).
+users' processes on a shared machine). For trials that failed on an activity heartbeat
+timeout, the workflow history gives the activity's start-to-timeout seconds and the last
+heartbeat the server held (none: the activity never heartbeated).
 
 A level that does not finish within ``--level-timeout-s`` is reported as such, with how
 many trials had finished; its workflows are then terminated.
@@ -113,6 +115,26 @@ async def sample_peaks(dclient, queue: str, temporal_pid: int | None, every_s: f
         await asyncio.sleep(every_s)
 
 
+async def heartbeat_timeouts(client, trial_ids: list[str]) -> list[dict]:
+    """For each workflow, every activity that timed out on heartbeat: seconds from its start
+    to the timeout and the last heartbeat details the server had (empty: it never got one)."""
+    out = []
+    for wid in trial_ids:
+        started: dict[int, float] = {}
+        async for e in client.get_workflow_handle(wid).fetch_history_events():
+            if e.HasField("activity_task_started_event_attributes"):
+                started[e.event_id] = e.event_time.ToDatetime().timestamp()
+            if e.HasField("activity_task_timed_out_event_attributes"):
+                attrs = e.activity_task_timed_out_event_attributes
+                details = attrs.failure.timeout_failure_info.last_heartbeat_details.payloads
+                t0 = started.get(attrs.started_event_id)
+                out.append({"trial": wid[-24:],
+                            "started_to_timeout_s": round(e.event_time.ToDatetime().timestamp() - t0, 1)
+                            if t0 else None,
+                            "last_heartbeat": [p.data.decode(errors="replace")[:120] for p in details]})
+    return out
+
+
 async def level(client, settings, process, dclient, n: int, args: argparse.Namespace, temporal_pid) -> dict:
     from temporalio.service import RPCError
 
@@ -151,6 +173,7 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
         for k, v in r.timings.items():
             phases.setdefault(k, []).append(v)
     mib = 1024**2
+    stuck = [r.trial_id for r in done if r.error and "HEARTBEAT" in r.error.type]
     return {
         "concurrency": n, "finished": len(done), "timed_out": timed_out, "wall_s": round(wall, 1),
         "trials_per_minute": round(len(done) / wall * 60, 1),
@@ -162,6 +185,7 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "machine_cpu_busy_s": round(busy1 - busy0, 1), "machine_cpu_available_s": round(wall * os.cpu_count(), 1),
         "cpu_s_by_process": {k: round(v, 1) for k, v in top},
+        "heartbeat_timeouts": await heartbeat_timeouts(client, stuck),
     }
 
 
