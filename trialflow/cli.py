@@ -442,6 +442,9 @@ def demo(
     agent: Annotated[
         str, typer.Option(help="model-driven scaffold for the second round")
     ] = "claude-code",
+    keep_up: Annotated[
+        bool, typer.Option(help="keep the services (and the Temporal UI) up until Ctrl-C")
+    ] = False,
 ) -> None:
     """Embedded infra, the sample tasks with `oracle`, then with AGENT through the proxy."""
     from infra.services import cached_tiny_model
@@ -476,6 +479,12 @@ def demo(
             failed |= any(r.failed for r in results)
         searches = " or ".join(f'TrialBatchId = "{b}"' for b in batch_ids)
         console.print(f"Temporal UI: {ui}   (search: {searches})")
+        if keep_up:
+            console.print("services stay up; Ctrl-C stops them")
+            with contextlib.suppress(KeyboardInterrupt):
+                asyncio.run(asyncio.Event().wait())
+        else:
+            console.print("services stop now; `trialflow demo --keep-up` keeps the UI up")
     finally:
         infra.stop()
     raise typer.Exit(1 if failed else 0)
