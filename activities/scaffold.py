@@ -7,6 +7,7 @@ that need no model (oracle, nop) get no session and no trajectory.
 
 Outcomes vs failures:
 - agent timeout       -> outcome "timeout" (the workflow verifies anyway)
+- turn limit reached  -> outcome "max_turns" (`ScaffoldResult.stop_reason`; verified anyway)
 - non-zero exit       -> outcome "scaffold_error" with `error` set (verified anyway)
 - typed infra errors  -> raised as ApplicationError (retryable or not per trialflow.errors);
   the workflow starts a new attempt for retryable ones. An agent that failed while no
@@ -34,7 +35,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from activities._support import heartbeat_interval, typed_errors
+from activities._support import heartbeat_interval, heartbeating, typed_errors
 from proxy.trajectory import Trajectory
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import SandboxBackend
@@ -81,10 +82,13 @@ class ScaffoldActivities:
     async def run_scaffold(self, inp: ScaffoldInput) -> ScaffoldOutput:
         started = time.monotonic()
         keys = TrialKeys(inp.batch_id, inp.trial_id, inp.attempt)
+        # Heartbeat from the first line: under load, loading the task and attaching to the
+        # sandbox (a Docker call) can outlast the heartbeat timeout before `_beat` starts.
         with typed_errors(), tempfile.TemporaryDirectory(prefix="tf-scaffold-") as tmp:
-            task = load_task(inp.task_path)
-            scaffold = get_scaffold(inp.scaffold)
-            sandbox = await self._backend.attach(inp.sandbox_id)
+            async with heartbeating(interval_s=heartbeat_interval()):
+                task = load_task(inp.task_path)
+                scaffold = get_scaffold(inp.scaffold)
+                sandbox = await self._backend.attach(inp.sandbox_id)
             model = inp.model or self._default_model
             session = (
                 self._open_session(inp, keys, model, scaffold.main_thread)
@@ -117,11 +121,13 @@ class ScaffoldActivities:
                 if session is not None:
                     # Also on failure and cancellation: the tokens so far are kept.
                     assert self._proxy is not None
-                    trajectory = await self._proxy.close_session(session.session_id)
-                    trajectory_uri = await asyncio.to_thread(
-                        self._store.put_bytes, keys.trajectory, trajectory.to_bytes()
-                    )
-            logs_uri = await self._store_logs(keys, outcome, Path(tmp))
+                    async with heartbeating(interval_s=heartbeat_interval()):
+                        trajectory = await self._proxy.close_session(session.session_id)
+                        trajectory_uri = await asyncio.to_thread(
+                            self._store.put_bytes, keys.trajectory, trajectory.to_bytes()
+                        )
+            async with heartbeating(interval_s=heartbeat_interval()):
+                logs_uri = await self._store_logs(keys, outcome, Path(tmp))
         if replicas_down:
             # The agent failed because no model answered: infrastructure, not the agent.
             raise ApplicationError(
@@ -251,11 +257,15 @@ def outcome_of(
     """Map a ScaffoldResult onto the trial's termination reason and error data.
 
     A timeout wins over everything; a run whose conversation outgrew the context (the
-    proxy refused a turn) is "overlong" whatever the agent's exit code."""
+    proxy refused a turn) is "overlong" whatever the agent's exit code; a scaffold that
+    reports its own turn limit (`stop_reason` "max_turns", exit code non-zero) is
+    "max_turns" with no error: the agent ran out of turns, it did not crash."""
     if outcome.timed_out:
         return "timeout", None
     if overlong:
         return "overlong", None
+    if outcome.stop_reason == "max_turns":
+        return "max_turns", None
     if outcome.exit_code != 0:
         tail = outcome.stderr.strip().splitlines()[-3:]
         return "scaffold_error", TrialError(
