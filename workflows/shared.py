@@ -36,6 +36,7 @@ Termination = Literal[
     "infra_error",  # sandbox/proxy/worker failures outlived every retry and attempt
     "verifier_error",  # the task is broken: bad task dir, image build, verifier crash
     "overlong",  # the conversation outgrew the model's context
+    "max_turns",  # the scaffold stopped at its own turn limit; verified anyway
     "cancelled",  # the workflow was cancelled
 ]
 Phase = Literal["pending", "setup", "scaffold", "verify", "teardown", "done"]

@@ -28,13 +28,18 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from trialflow.errors import SandboxPathNotFound, ScaffoldSetupFailed, TrialflowError
 from trialflow.sandbox.base import Mount
-from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
+from trialflow.scaffolds.base import (
+    Scaffold,
+    ScaffoldContext,
+    ScaffoldResult,
+    StopReason,
+)
 
 DEFAULT_INSTALL_DIR = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "node_modules"
 MOUNT_DIR = "/opt/trialflow/bin"
@@ -197,8 +202,15 @@ class CliScaffold(Scaffold):
         user = ctx.task.config.agent.user
         await check_mounted(ctx, self.in_sandbox, user)
         result = await run_cli(ctx, run, user=user)
+        summary = self.summarize(result.stdout)
         if ctx.log_dir is not None:
             ctx.log_dir.mkdir(parents=True, exist_ok=True)
-            summary = asdict(self.summarize(result.stdout))
-            (ctx.log_dir / f"{run.name}.summary.json").write_text(json.dumps(summary, indent=2))
-        return result
+            (ctx.log_dir / f"{run.name}.summary.json").write_text(json.dumps(asdict(summary), indent=2))
+        if result.timed_out:
+            return result
+        return replace(result, stop_reason=self.stop_reason(summary))
+
+    def stop_reason(self, summary: Any) -> StopReason | None:
+        """Why the CLI stopped, from its `summarize` fold (pure); None: not known. The base
+        knows nothing; CLIs that report a turn limit override this."""
+        return None

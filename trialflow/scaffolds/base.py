@@ -27,7 +27,7 @@ import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from trialflow.sandbox.base import Mount, Sandbox
 from trialflow.tasks import Task
@@ -57,15 +57,23 @@ class ScaffoldContext:
             self.instruction = self.task.instruction
 
 
+StopReason = Literal["max_turns"]
+
+
 @dataclass(frozen=True)
 class ScaffoldResult:
-    """The agent process's outcome. Output is what the scaffold captured (may be truncated)."""
+    """The agent process's outcome. Output is what the scaffold captured (may be truncated).
+
+    `stop_reason` is set by scaffolds that can tell why the agent stopped short of finishing
+    on its own: "max_turns" = it hit its configured turn limit (the exit code is then
+    non-zero, yet this is an outcome of the agent, not a crash). None: nothing known."""
 
     exit_code: int
     timed_out: bool
     stdout: str
     stderr: str
     duration_s: float
+    stop_reason: StopReason | None = None
 
     @property
     def log(self) -> str:

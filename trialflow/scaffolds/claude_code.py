@@ -13,7 +13,8 @@ telemetry/nonessential traffic/autoupdate off, `IS_SANDBOX=1` (Claude Code refus
 `~/.claude.json` and `~/.claude/`; no onboarding flags are needed in print mode).
 
 Outcome: the CLI's exit code as is (0 = a `result` event with subtype "success"; 1 for
-`error_max_turns` / `error_during_execution`), stdout = the stream-json events, and
+`error_max_turns` / `error_during_execution`; `error_max_turns` sets
+`ScaffoldResult.stop_reason` = "max_turns", an outcome rather than a crash), stdout = the stream-json events, and
 `summarize_stream` reads the final `result` event. An unreachable proxy makes the CLI retry
 with backoff (`CLAUDE_CODE_MAX_RETRIES`, default here 2), so a dead proxy ends the run with
 an API error instead of hanging until the agent timeout.
@@ -28,7 +29,7 @@ from typing import Any
 
 from trialflow.errors import ScaffoldSetupFailed
 from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold
-from trialflow.scaffolds.base import ScaffoldContext
+from trialflow.scaffolds.base import ScaffoldContext, StopReason
 
 BINARY_CANDIDATES = (
     "@anthropic-ai/claude-code-linux-x64/claude",
@@ -86,6 +87,13 @@ def summarize_stream(stdout: str) -> StreamSummary:
         result_text=result.get("result") if result else None,
         bad_lines=bad,
     )
+
+
+def stop_reason_of(summary: StreamSummary) -> StopReason | None:
+    """"max_turns" when the run's `result` event says `--max-turns` stopped it (subtype
+    `error_max_turns`; the CLI then exits 1); None for every other ending, including a
+    missing `result` event."""
+    return "max_turns" if summary.result_subtype == "error_max_turns" else None
 
 
 def claude_argv(instruction: str, model: str, max_turns: int | None, extra_args: Sequence[str] = ()) -> list[str]:
@@ -149,3 +157,6 @@ class ClaudeCodeScaffold(CliScaffold):
 
     def summarize(self, stdout: str) -> StreamSummary:
         return summarize_stream(stdout)
+
+    def stop_reason(self, summary: StreamSummary) -> StopReason | None:
+        return stop_reason_of(summary)

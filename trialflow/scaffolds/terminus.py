@@ -9,7 +9,7 @@ each command's `duration`), capture the screen and send it as the next user mess
 Ending (exit codes of the `ScaffoldResult`, stdout = one JSON line per turn):
 - 0  the model set `task_complete` twice in a row (the second time after seeing the
      screen again and being asked to confirm)
-- 1  `max_turns` model calls made without that
+- 1  `max_turns` model calls made without that (`stop_reason="max_turns"`: an outcome)
 - 2  `max_parse_failures` malformed replies in a row (each one before that gets a
      corrective user message and counts as a turn)
 - 3  the proxy answered with an error or could not be reached (message in stderr); e.g.
@@ -102,6 +102,7 @@ class _Run:
         return ScaffoldResult(
             exit_code, timed_out, "\n".join(self.log) + ("\n" if self.log else ""),
             "\n".join(self.errors), time.monotonic() - self.started,
+            stop_reason="max_turns" if exit_code == EXIT_MAX_TURNS else None,
         )
 
 

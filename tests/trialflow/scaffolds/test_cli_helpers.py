@@ -12,7 +12,7 @@ from trialflow.errors import ScaffoldSetupFailed
 from trialflow.sandbox.base import Sandbox
 from trialflow.scaffolds import ScaffoldContext, get_scaffold
 from trialflow.scaffolds._cli import CliRun, cli_mount, find_binary
-from trialflow.scaffolds.claude_code import claude_argv, claude_env, summarize_stream
+from trialflow.scaffolds.claude_code import claude_argv, claude_env, stop_reason_of, summarize_stream
 from trialflow.scaffolds.opencode import opencode_config, opencode_env, summarize_events
 from trialflow.tasks import load_task
 
@@ -48,6 +48,15 @@ def test_summarize_claude_stream_without_result():
     s = summarize_stream(CLAUDE_STREAM.rsplit("\n", 1)[0] + "\n")
     assert s.result_subtype is None and s.is_error is None and s.num_turns is None
     assert summarize_stream("") == summarize_stream("\n\n")
+
+
+def test_claude_stop_reason_is_max_turns_only_for_its_result_subtype():
+    limit = json.dumps({"type": "result", "subtype": "error_max_turns", "is_error": True, "num_turns": 2})
+    assert stop_reason_of(summarize_stream(CLAUDE_STREAM.rsplit("\n", 1)[0] + "\n" + limit)) == "max_turns"
+    assert stop_reason_of(summarize_stream(CLAUDE_STREAM)) is None
+    crashed = json.dumps({"type": "result", "subtype": "error_during_execution", "is_error": True})
+    assert stop_reason_of(summarize_stream(crashed)) is None
+    assert stop_reason_of(summarize_stream("")) is None  # no result event: the CLI died
 
 
 def test_summarize_opencode_events():

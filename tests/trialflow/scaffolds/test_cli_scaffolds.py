@@ -92,6 +92,7 @@ async def test_claude_code_turn_limit_is_a_nonzero_result(sandbox_for, scripted_
     assert result.exit_code == 1 and not result.timed_out
     summary = summarize_stream(result.stdout)
     assert summary.result_subtype == "error_max_turns" and summary.is_error is True
+    assert result.stop_reason == "max_turns"
 
 
 async def test_claude_code_against_a_closed_session_ends_with_an_api_error(sandbox_for, scripted_proxy):

@@ -64,6 +64,7 @@ async def test_terminus_gives_up_after_malformed_replies_in_a_row(sandbox_for, s
     script = [Reply("nope"), Reply('{"commands": "ls"}')]
     _, _, _, result, turns, _ = await _run(sandbox_for, scripted_proxy, script, max_parse_failures=2)
     assert result.exit_code == EXIT_PARSE_FAILURES and "2 malformed replies in a row" in result.stderr
+    assert result.stop_reason is None  # a parse-failure give-up is not the turn limit
     assert [t.get("parse_error", "")[:10] for t in turns] == ["no JSON ob", "field 'com"]
 
 
@@ -71,6 +72,7 @@ async def test_terminus_turn_limit(sandbox_for, scripted_proxy):
     script = [reply([("echo one\n", 0.1)]), reply([("echo two\n", 0.1)]), reply()]
     _, _, _, result, turns, _ = await _run(sandbox_for, scripted_proxy, script, max_turns=2)
     assert result.exit_code == 1 and len(turns) == 2 and "turn limit reached (2)" in result.stderr
+    assert result.stop_reason == "max_turns"
     assert "two" in turns[-1]["screen"]
 
 

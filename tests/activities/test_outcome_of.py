@@ -1,0 +1,31 @@
+"""`outcome_of` (pure): how a scaffold's ending maps onto the trial's termination."""
+
+from __future__ import annotations
+
+from activities.scaffold import outcome_of
+from trialflow.scaffolds import ScaffoldResult
+
+
+def _result(exit_code: int = 0, *, timed_out: bool = False, stop_reason=None, stderr: str = "") -> ScaffoldResult:
+    return ScaffoldResult(exit_code, timed_out, "", stderr, 1.0, stop_reason=stop_reason)
+
+
+def test_clean_exit_is_submitted():
+    assert outcome_of(_result(0), attempt=1) == ("submitted", None)
+
+
+def test_turn_limit_is_an_outcome_not_a_scaffold_error():
+    assert outcome_of(_result(1, stop_reason="max_turns"), attempt=2) == ("max_turns", None)
+
+
+def test_nonzero_exit_without_a_stop_reason_is_a_scaffold_error_with_the_stderr_tail():
+    termination, error = outcome_of(_result(3, stderr="a\nb\nc\nd\n"), attempt=2)
+    assert termination == "scaffold_error"
+    assert error is not None and (error.type, error.phase, error.attempt) == ("ScaffoldExit", "scaffold", 2)
+    assert error.message == "scaffold exited with code 3: b | c | d"
+
+
+def test_timeout_and_overlong_win_over_the_turn_limit():
+    assert outcome_of(_result(124, timed_out=True, stop_reason="max_turns"), 1) == ("timeout", None)
+    assert outcome_of(_result(1, stop_reason="max_turns"), 1, overlong=True) == ("overlong", None)
+    assert outcome_of(_result(1), 1, overlong=True) == ("overlong", None)
