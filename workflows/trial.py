@@ -213,6 +213,7 @@ class TrialWorkflow:
         stored = await workflow.execute_activity_method(
             StoreActivities.store_result,
             StoreResultInput(result=result),
+            summary=f"store result · {result.termination_reason} · reward {result.reward:.3f}",
             task_queue=workflow.info().task_queue,
             start_to_close_timeout=timedelta(minutes=1),
             retry_policy=STORE_RETRY,
@@ -246,6 +247,7 @@ class TrialWorkflow:
                 scaffold=spec.scaffold,
                 labels={"trialflow.batch": spec.batch_id},
             ),
+            summary=activity_summary("setup", attempt, spec),
             task_queue=setup_queue(workflow.info().task_queue),
             start_to_close_timeout=SETUP_TIMEOUT,
             heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_s),
@@ -291,6 +293,7 @@ class TrialWorkflow:
                 replicas=spec.replicas,
                 policy_version=spec.step,
             ),
+            summary=activity_summary("scaffold", attempt, spec),
             start_to_close_timeout=timedelta(seconds=agent_timeout) + SCAFFOLD_GRACE,
             retry_policy=SCAFFOLD_RETRY,
             lose_attempt_on_retryable=True,
@@ -319,6 +322,7 @@ class TrialWorkflow:
                 task_path=spec.task_path,
                 verifier_timeout_s=setup.verifier_timeout_s,
             ),
+            summary=activity_summary("verify", attempt, spec),
             start_to_close_timeout=timedelta(seconds=setup.verifier_timeout_s)
             + VERIFY_GRACE,
             retry_policy=VERIFY_RETRY,
@@ -335,13 +339,17 @@ class TrialWorkflow:
         activity,
         arg,
         *,
+        summary: str,
         lose_attempt_on_retryable: bool = False,
         **options,
     ):
-        """Run one activity, time it, and map its failure onto the attempt/trial rules."""
+        """Run one activity, time it, and map its failure onto the attempt/trial rules.
+        `summary` labels the activity in the Temporal UI (see `activity_summary`)."""
         started = workflow.now()
         try:
-            return await workflow.execute_activity_method(activity, arg, **options)
+            return await workflow.execute_activity_method(
+                activity, arg, summary=summary, **options
+            )
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 # The workflow was cancelled while this activity ran (TRY_CANCEL).
@@ -374,6 +382,7 @@ class TrialWorkflow:
             await workflow.execute_activity_method(
                 SandboxActivities.teardown,
                 arg,
+                summary=activity_summary("teardown", attempt, spec),
                 task_queue=setup.host_queue,
                 schedule_to_start_timeout=timedelta(
                     seconds=spec.host_schedule_timeout_s
@@ -389,6 +398,7 @@ class TrialWorkflow:
                 await workflow.execute_activity_method(
                     SandboxActivities.teardown,
                     arg,
+                    summary=activity_summary("teardown", attempt, spec, note="fallback"),
                     task_queue=workflow.info().task_queue,
                     start_to_close_timeout=TEARDOWN_TIMEOUT,
                     retry_policy=TEARDOWN_RETRY,
@@ -452,6 +462,14 @@ class TrialWorkflow:
             logs_uri=scaffold.logs_uri if scaffold else None,
             error=error,
         )
+
+
+def activity_summary(phase: str, attempt: int, spec: TrialSpec, note: str = "") -> str:
+    """The one-line label an activity carries in the Temporal UI: phase, attempt, task,
+    scaffold (e.g. "scaffold · attempt 2/3 · fix-bug · claude-code"). Only metadata: it
+    is not part of the replay-checked command attributes."""
+    label = f"{phase}{' (' + note + ')' if note else ''} · attempt {attempt}/{spec.attempt_limit}"
+    return f"{label} · {spec.task_name} · {spec.scaffold}"
 
 
 def _termination_for(phase: Phase, error: TrialError) -> Termination:

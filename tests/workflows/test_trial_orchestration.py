@@ -169,6 +169,28 @@ async def test_success_runs_every_phase_on_the_right_queue(client, harness):
     assert result.result_uri and fake.stored[0].result.trial_id == result.trial_id
 
 
+async def test_activities_carry_ui_summaries(client, harness):
+    """Every scheduled activity has a summary (phase, attempt, task, scaffold) in its
+    event's user metadata: what the Temporal UI shows on the timeline."""
+    _, shared = harness
+    spec = _spec(attempt_limit=2)
+    await batch.run(client, [spec], task_queue=shared)
+    history = await client.get_workflow_handle(spec.trial_id).fetch_history()
+    converter = client.data_converter.payload_converter
+    summaries = [
+        converter.from_payload(e.user_metadata.summary, str)
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert summaries == [
+        "setup · attempt 1/2 · hello · oracle",
+        "scaffold · attempt 1/2 · hello · oracle",
+        "verify · attempt 1/2 · hello · oracle",
+        "teardown · attempt 1/2 · hello · oracle",
+        "store result · submitted · reward 1.000",
+    ]
+
+
 async def test_search_attributes_set_at_start_and_upserted_at_end(client, harness):
     _, shared = harness
     spec = _spec(step=7)

@@ -1,0 +1,150 @@
+"""What `trialflow inspect` and `trialflow report` show, as pure functions over stored data.
+
+- `trajectory_view(trajectory, title)`: rich renderables of one attempt's trajectory: the
+  per-turn table (segment, kind, prompt/completion/env tokens, finish reason, tool calls,
+  parse failures, latency, replica), the per-segment table (prompt tokens; response tokens
+  split into model tokens = mask 1, trained on, and env tokens = mask 0, masked out; policy
+  versions; routed experts) and the counters.
+- `result_view(result)`: the trial's rewards, termination, error, timings and URIs.
+- `batch_results(store, batch_id)`: every trial result stored for a batch (I/O via the
+  store only).
+
+Edge cases: a trajectory without turns (the agent never called the model, or the attempt
+died before its first turn) renders the tables with a "no turns" / "no segments" row; a
+turn whose segment index is out of range (a corrupt record) shows kind "?" instead of
+raising; a finish reason cut by the context window is marked "(overlong)".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from proxy.trajectory import Trajectory
+from trialflow.storage import ResultStore
+from workflows.shared import TrialResult
+
+TURN_COLUMNS = (
+    "turn", "segment", "kind", "prompt", "completion", "env", "finish",
+    "tool calls", "parse fail", "latency s", "replica",
+)  # fmt: skip
+SEGMENT_COLUMNS = (
+    "segment", "kind", "rewritten", "prompt", "response", "model (mask 1)",
+    "env (mask 0)", "policy version", "routed experts",
+)  # fmt: skip
+
+
+def _table(title: str, columns: Sequence[str], numeric: Sequence[str] = ()) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="right" if column in numeric else "left")
+    return table
+
+
+def turn_table(trajectory: Trajectory) -> Table:
+    table = _table(
+        "turns", TURN_COLUMNS,
+        numeric=("turn", "segment", "prompt", "completion", "env", "tool calls", "parse fail", "latency s"),
+    )  # fmt: skip
+    for i, turn in enumerate(trajectory.turns, start=1):
+        in_range = 0 <= turn.segment < len(trajectory.segments)
+        kind = trajectory.segments[turn.segment].kind if in_range else "?"
+        finish = turn.finish_reason + (" (overlong)" if turn.overlong else "")
+        table.add_row(
+            str(i), str(turn.segment), kind, str(turn.prompt_tokens), str(turn.completion_tokens),
+            str(turn.env_tokens_added), finish, str(turn.tool_calls), str(turn.parse_failures),
+            f"{turn.latency_s:.2f}", turn.replica,
+        )  # fmt: skip
+    if not trajectory.turns:
+        table.add_row("no turns", *[""] * (len(TURN_COLUMNS) - 1))
+    return table
+
+
+def mask_counts(trajectory: Trajectory) -> list[tuple[int, int]]:
+    """(model tokens, env tokens) per segment: response tokens with mask 1 and mask 0."""
+    counts = []
+    for seg in trajectory.segments:
+        model = sum(seg.response_mask)
+        counts.append((model, len(seg.response_mask) - model))
+    return counts
+
+
+def segment_table(trajectory: Trajectory) -> Table:
+    table = _table(
+        "segments", SEGMENT_COLUMNS,
+        numeric=("segment", "prompt", "response", "model (mask 1)", "env (mask 0)"),
+    )  # fmt: skip
+    for i, (seg, (model, env)) in enumerate(zip(trajectory.segments, mask_counts(trajectory), strict=True)):
+        versions = (
+            "" if seg.policy_version_min is None
+            else f"{seg.policy_version_min}..{seg.policy_version_max}"
+        )  # fmt: skip
+        experts = "" if seg.routed_experts is None else "x".join(map(str, seg.routed_experts.shape))
+        table.add_row(
+            str(i), seg.kind, "yes" if seg.rewritten else "", str(len(seg.prompt_ids)),
+            str(len(seg.response_ids)), str(model), str(env), versions, experts,
+        )  # fmt: skip
+    if not trajectory.segments:
+        table.add_row("no segments", *[""] * (len(SEGMENT_COLUMNS) - 1))
+    return table
+
+
+def counters_text(trajectory: Trajectory) -> Text:
+    c = trajectory.counters
+    return Text(
+        f"counters: turns {c.turns}  tool calls {c.tool_calls}  parse failures {c.parse_failures}  "
+        f"overlong {c.overlong}  aborts resumed {c.aborts_resumed}"
+    )
+
+
+def trajectory_view(trajectory: Trajectory, title: str) -> RenderableType:
+    """One attempt's trajectory: title, turns, segments, counters."""
+    return Group(Text(title, style="bold"), turn_table(trajectory), segment_table(trajectory),
+                 counters_text(trajectory))  # fmt: skip
+
+
+def result_view(result: TrialResult) -> Table:
+    """The trial's outcome as a two-column table."""
+    table = Table(title=f"trial {result.trial_id}", title_justify="left", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    rewards = ", ".join(f"{k}={v:g}" for k, v in sorted(result.rewards.items())) or "none"
+    reward = f"{result.reward:.3f}" + ("" if result.reward_valid else " (invalid)")
+    error = "" if result.error is None else (
+        f"{result.error.type} in {result.error.phase} (attempt {result.error.attempt}"
+        + (", non-retryable" if result.error.non_retryable else "") + f"): {result.error.message}"
+    )  # fmt: skip
+    rows = (
+        ("task / scaffold", (f"{result.task_name} / {result.scaffold}  "
+                             f"(batch {result.batch_id}, sample {result.sample_index})")),
+        ("reward", reward),
+        ("rewards", rewards),
+        ("reward error", result.reward_error or ""),
+        ("termination", result.termination_reason),
+        ("error", error),
+        ("attempts", str(result.attempts)),
+        ("turns / tool calls", f"{result.turns} / {result.tool_calls}"),
+        ("tokens prompt / response", f"{result.prompt_tokens} / {result.response_tokens}"),
+        ("timings s", "  ".join(f"{k} {v:.1f}" for k, v in result.timings.items())),
+        ("trajectories", "\n".join(result.trajectory_uris)),
+        ("logs", result.logs_uri or ""),
+    )  # fmt: skip
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def batch_results(store: ResultStore, batch_id: str) -> list[TrialResult]:
+    """Every trial result stored for `batch_id` (`batches/{id}/trials/{trial}/result.json`;
+    the per-attempt `result.json` files one level down are not trial results), by trial id.
+    An unknown batch gives []."""
+    prefix = f"batches/{batch_id}/trials/"
+    keys = [
+        k for k in store.list_keys(prefix)
+        if k.endswith("/result.json") and k[len(prefix):].count("/") == 1
+    ]  # fmt: skip
+    results = [TrialResult.model_validate_json(store.get_bytes(k)) for k in keys]
+    return sorted(results, key=lambda r: r.trial_id)
