@@ -358,8 +358,11 @@ def start_vllm(
 
     With `reuse=True` a server on `port` that already lists `served_model_name` is
     returned as is. ``max_model_len`` 2048 keeps test servers light; the demo asks for
-    32768 because Claude Code's system prompt and tools alone are over 10K tokens in the
-    tiny model's small vocabulary. If the process dies (a broken model dir fails within seconds),
+    `DEMO_MAX_MODEL_LEN` because Claude Code's system prompt and tools alone are about 41K
+    tokens in the tiny model's small vocabulary. A ``max_model_len`` above the model's
+    ``max_position_embeddings`` raises it through ``--hf-overrides`` (vLLM refuses the
+    length otherwise): RoPE positions beyond the trained range are only meaningful for a
+    trained model, and the tiny one is random anyway. If the process dies (a broken model dir fails within seconds),
     the ServiceStartError carries the tail of its log.
     """
     port = port or free_port()
@@ -372,6 +375,9 @@ def start_vllm(
         "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--enforce-eager",
         "--host", HOST, "--port", str(port), *extra_args,
     ]  # fmt: skip
+    positions = model_max_positions(model_dir)
+    if positions is not None and max_model_len > positions:
+        argv += ["--hf-overrides", json.dumps({"max_position_embeddings": max_model_len})]
     log = (log_dir or REPO_ROOT / ".trialflow" / "logs") / f"vllm-{port}.log"
     env = {
         # KV cache of 1 GiB: the default (4 GiB+) is wasteful for a tiny model on a shared box.
@@ -385,8 +391,17 @@ def start_vllm(
     return Service("vllm", base_url, proc)
 
 
-# Long enough for Claude Code's full system prompt and tools (see start_vllm).
-DEMO_MAX_MODEL_LEN = 32768
+def model_max_positions(model_dir: Path) -> int | None:
+    """`max_position_embeddings` of a model dir's config.json; None when it has none."""
+    try:
+        value = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int | float) else None
+
+
+# Claude Code's full system prompt and tools are ~41K tiny-model tokens (see start_vllm).
+DEMO_MAX_MODEL_LEN = 65536
 
 
 def cached_tiny_model(cache_root: Path) -> Path:

@@ -1,4 +1,4 @@
-"""`trialflow` command line: up, run, status, replay, inspect, worker, proxy, demo.
+"""`trialflow` command line: up, run, status, replay, inspect, report, worker, proxy, demo.
 
 Every command reads `TrialflowSettings` once (environment ``TRIALFLOW_*``), and its flags
 override those settings. `run` and `replay` start an in-process worker unless
@@ -126,18 +126,21 @@ async def run_specs(
 
 
 def results_table(results: Sequence[TrialResult], title: str = "trials") -> Table:
+    """One row per trial. "why" is the trial's error, else why its reward is invalid
+    (e.g. the verifier wrote no reward file). Trial ids wrap rather than truncate: they
+    are what `trialflow inspect` takes."""
     table = Table(title=title)
-    for column in (
-        "trial",
-        "reward",
-        "termination",
-        "turns",
-        "tokens (p/r)",
-        "seconds",
-        "error",
-    ):
+    table.add_column("trial", overflow="fold", min_width=20)
+    for column in ("reward", "termination", "turns", "tokens (p/r)", "seconds"):
         table.add_column(column)
+    table.add_column("why", overflow="fold", min_width=20)
     for r in results:
+        if r.error:
+            why = f"{r.error.type}: {r.error.message[:120]}"
+        elif not r.reward_valid:
+            why = f"invalid reward: {(r.reward_error or 'no reason recorded')[:120]}"
+        else:
+            why = ""
         table.add_row(
             r.trial_id,
             f"{r.reward:.3f}" + ("" if r.reward_valid else " (invalid)"),
@@ -145,7 +148,7 @@ def results_table(results: Sequence[TrialResult], title: str = "trials") -> Tabl
             str(r.turns),
             f"{r.prompt_tokens}/{r.response_tokens}",
             f"{sum(r.timings.values()):.1f}",
-            f"{r.error.type}: {r.error.message[:80]}" if r.error else "",
+            why,
         )
     return table
 
@@ -306,57 +309,69 @@ def load_attempt_trajectory(store, batch_id: str, trial_id: str, attempt: int):
     return None, "none"
 
 
-@app.command()
-def inspect(
-    trial_id: str,
-    temporal: TemporalOpt = None,
-    s3: S3Opt = None,
-    store_dir: StoreDirOpt = None,
-) -> None:
-    """Print a trial's stored result and a summary of every attempt's trajectory."""
-    import worker_main
-    from activities.store import trial_result_key
-
-    settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir)
-
-    async def batch_of() -> str:
+def _trial_batch(settings: TrialflowSettings, trial_id: str) -> str:
+    async def go() -> str:
         client = await batch.connect(
             settings.temporal_address, settings.temporal_namespace
         )
         return (await batch.spec_of(client, trial_id)).batch_id
 
-    batch_id = asyncio.run(batch_of())
+    return asyncio.run(go())
+
+
+@app.command()
+def inspect(
+    trial_id: str,
+    batch_id: Annotated[
+        str | None,
+        typer.Option(help="the trial's batch (else looked up in Temporal)"),
+    ] = None,
+    temporal: TemporalOpt = None,
+    s3: S3Opt = None,
+    store_dir: StoreDirOpt = None,
+) -> None:
+    """Print a trial's stored result and every attempt's trajectory, turn by turn."""
+    import worker_main
+    from activities.store import trial_result_key
+    from trialflow.inspection import result_view, trajectory_view
+
+    settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir)
+    batch_id = batch_id or _trial_batch(settings, trial_id)
     store = worker_main.open_store(settings)
     result = TrialResult.model_validate_json(
         store.get_bytes(trial_result_key(batch_id, trial_id))
     )
-    console.print_json(result.model_dump_json())
-    table = Table(title="attempts")
-    for column in (
-        "attempt",
-        "source",
-        "segments",
-        "turns",
-        "tool calls",
-        "prompt tokens",
-        "model tokens",
-    ):
-        table.add_column(column)
+    console.print(result_view(result))
     for attempt in range(1, result.attempts + 1):
         traj, source = load_attempt_trajectory(store, batch_id, trial_id, attempt)
+        title = f"attempt {attempt} ({source} trajectory)"
         if traj is None:
-            table.add_row(str(attempt), source, "", "", "", "", "")
+            console.print(f"[bold]{title}[/]: no trajectory (a model-free scaffold)")
             continue
-        table.add_row(
-            str(attempt),
-            source,
-            str(len(traj.segments)),
-            str(traj.counters.turns),
-            str(traj.counters.tool_calls),
-            str(sum(len(s.prompt_ids) for s in traj.segments)),
-            str(sum(sum(s.response_mask) for s in traj.segments)),
-        )
-    console.print(table)
+        console.print(trajectory_view(traj, title))
+
+
+@app.command()
+def report(
+    batch_id: str,
+    out: Annotated[Path, typer.Option(help="HTML file to write")] = Path(
+        "report.html"
+    ),
+    s3: S3Opt = None,
+    store_dir: StoreDirOpt = None,
+) -> None:
+    """Write a self-contained HTML report of a batch from the results in the store."""
+    import worker_main
+    from trialflow.inspection import batch_results
+    from trialflow.report import write_report
+
+    settings = _settings(s3=s3, store_dir=store_dir)
+    results = batch_results(worker_main.open_store(settings), batch_id)
+    if not results:
+        console.print(f"no results stored for batch {batch_id}")
+        raise typer.Exit(1)
+    path = write_report(out, results, title=f"batch {batch_id}")
+    console.print(f"{len(results)} trials -> {path}")
 
 
 # ---- long-running processes -----------------------------------------------------------
@@ -434,6 +449,13 @@ def up(replicas: ReplicaOpt = None) -> None:
         infra.stop()
 
 
+# The tiny model is random: it rarely samples its end token, so every turn would run to
+# the client's max_tokens (Claude Code asks for 32000) at CPU speed. The demo caps each
+# turn at 256 generated tokens through the session's sampling settings (an upper bound
+# beside the client's own; see proxy.session), so the agent's turns finish in seconds.
+DEMO_SAMPLING = {"max_tokens": 256}
+
+
 @app.command()
 def demo(
     tasks_dir: Annotated[Path, typer.Option(help="directory of Harbor tasks")] = Path(
@@ -446,7 +468,8 @@ def demo(
         bool, typer.Option(help="keep the services (and the Temporal UI) up until Ctrl-C")
     ] = False,
 ) -> None:
-    """Embedded infra, the sample tasks with `oracle`, then with AGENT through the proxy."""
+    """Embedded infra, the sample tasks with `oracle`, then with AGENT through the proxy
+    (the random tiny model's turns are capped at 256 generated tokens)."""
     from infra.services import cached_tiny_model
 
     tasks = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").exists())
@@ -468,7 +491,12 @@ def demo(
             batch_id = f"demo-{scaffold}-{uuid.uuid4().hex[:6]}"
             batch_ids.append(batch_id)
             specs = batch.make_specs(
-                batch_id, tasks, scaffold, model=settings.model_name, attempt_limit=2
+                batch_id,
+                tasks,
+                scaffold,
+                model=settings.model_name,
+                attempt_limit=2,
+                sampling=DEMO_SAMPLING,
             )
             results = asyncio.run(
                 run_specs(settings, specs, external_worker=False, title=scaffold)
