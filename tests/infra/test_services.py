@@ -6,6 +6,7 @@ import json
 import os
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -193,10 +194,16 @@ def test_vllm_url_fixture_answers(vllm_url: str, vllm_model_name: str) -> None:
     assert out["choices"][0]["prompt_token_ids"] == [5, 6, 7]
 
 
-def test_s3_endpoint_fixture_has_a_fresh_bucket(s3_endpoint) -> None:
+def test_s3_endpoint_fixture_has_a_working_session_bucket(s3_endpoint) -> None:
+    """The bucket is created fresh per test session (other tests of the session share it, so
+    only this test's own prefix is expected to hold exactly its object)."""
     client = s3_endpoint.client()
-    client.put_object(Bucket=s3_endpoint.bucket, Key="probe", Body=b"ok")
-    assert [o["Key"] for o in client.list_objects_v2(Bucket=s3_endpoint.bucket)["Contents"]] == ["probe"]
+    key = f"probe-{uuid.uuid4().hex}/obj"
+    client.put_object(Bucket=s3_endpoint.bucket, Key=key, Body=b"ok")
+    listed = client.list_objects_v2(Bucket=s3_endpoint.bucket, Prefix=key.split("/")[0])["Contents"]
+    assert [o["Key"] for o in listed] == [key]
+    assert client.get_object(Bucket=s3_endpoint.bucket, Key=key)["Body"].read() == b"ok"
+    assert s3_endpoint.bucket.startswith("test-")
 
 
 def test_temporal_address_fixture_answers(temporal_address: str) -> None:
