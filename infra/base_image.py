@@ -142,6 +142,9 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="rebuild rootfs and re-import")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from infra.services import ensure_dockerd  # a fresh machine has no engine running yet
+
+    ensure_dockerd()
     print(ensure_base_image(docker.from_env(), force=args.force))
 
 
