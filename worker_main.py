@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import docker
@@ -165,6 +167,17 @@ def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
     )
 
 
+def build_id() -> str:
+    """The workers' Temporal build id: a hash of this checkout's workflow and activity
+    sources. Given explicitly because the SDK's default hashes the code of every loaded
+    module, which trips over transformers' lazy modules (a warning line for each, ~200)."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted([*root.glob("workflows/*.py"), *root.glob("activities/*.py")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"trialflow-{digest.hexdigest()[:16]}"
+
+
 async def build(
     settings: TrialflowSettings, client: Client | None = None
 ) -> WorkerProcess:
@@ -189,6 +202,7 @@ async def build(
     verify = VerifyActivities(backend, store, metrics)
     results = StoreActivities(store, metrics)
     grace = timedelta(seconds=settings.drain_grace_s)
+    version = build_id()
     n = settings.max_concurrent_trials
     workflows = Worker(
         client,
@@ -196,6 +210,7 @@ async def build(
         workflows=[TrialWorkflow],
         activities=[sandbox.teardown, results.store_result],
         graceful_shutdown_timeout=grace,
+        build_id=version,
     )
     setups = Worker(
         client,
@@ -203,6 +218,7 @@ async def build(
         activities=[sandbox.setup],
         max_concurrent_activities=n,
         graceful_shutdown_timeout=grace,
+        build_id=version,
     )
     # Verify and teardown must never wait behind running scaffolds: 2 slots per trial.
     host = Worker(
@@ -211,6 +227,7 @@ async def build(
         activities=[scaffold.run_scaffold, verify.verify, sandbox.teardown],
         max_concurrent_activities=2 * n,
         graceful_shutdown_timeout=grace,
+        build_id=version,
     )
     metrics.serve(settings.metrics_port)
     return WorkerProcess(

@@ -3,8 +3,9 @@
 Every command reads `TrialflowSettings` once (environment ``TRIALFLOW_*``), and its flags
 override those settings. `run` and `replay` start an in-process worker unless
 ``--external-worker`` says one already polls the Temporal server. Exit codes: 0 when every
-trial ended without an error (whatever its reward), 1 when any trial recorded an error,
-2 for bad usage (typer's own).
+trial ended without an error (whatever its reward), 1 when any trial recorded an error
+(`demo`: an error other than the agent's own `scaffold_error`; `report`: no results
+stored), 2 for bad usage (typer's own).
 """
 
 from __future__ import annotations
@@ -126,24 +127,24 @@ async def run_specs(
 
 
 def results_table(results: Sequence[TrialResult], title: str = "trials") -> Table:
-    """One row per trial. "why" is the trial's error, else why its reward is invalid
-    (e.g. the verifier wrote no reward file). Trial ids wrap rather than truncate: they
-    are what `trialflow inspect` takes."""
+    """One row per trial, by trial id (what `trialflow inspect` takes; it wraps rather
+    than truncates on a narrow terminal). "why" is the trial's error, else why its reward
+    is invalid (e.g. the verifier wrote no reward file)."""
     table = Table(title=title)
-    table.add_column("trial", overflow="fold", min_width=20)
-    for column in ("reward", "termination", "turns", "tokens (p/r)", "seconds"):
+    table.add_column("trial", overflow="fold")
+    for column in ("reward", "termination", "turns", "tokens p/r", "s"):
         table.add_column(column)
-    table.add_column("why", overflow="fold", min_width=20)
+    table.add_column("why", overflow="fold", ratio=1)
     for r in results:
         if r.error:
-            why = f"{r.error.type}: {r.error.message[:120]}"
+            why = f"{r.error.type}: {r.error.message[:160]}"
         elif not r.reward_valid:
-            why = f"invalid reward: {(r.reward_error or 'no reason recorded')[:120]}"
+            why = (r.reward_error or "no reason recorded")[:160]
         else:
             why = ""
         table.add_row(
             r.trial_id,
-            f"{r.reward:.3f}" + ("" if r.reward_valid else " (invalid)"),
+            f"{r.reward:.3f}" if r.reward_valid else "invalid",
             r.termination_reason,
             str(r.turns),
             f"{r.prompt_tokens}/{r.response_tokens}",
@@ -344,11 +345,10 @@ def inspect(
     console.print(result_view(result))
     for attempt in range(1, result.attempts + 1):
         traj, source = load_attempt_trajectory(store, batch_id, trial_id, attempt)
-        title = f"attempt {attempt} ({source} trajectory)"
         if traj is None:
-            console.print(f"[bold]{title}[/]: no trajectory (a model-free scaffold)")
+            console.print(f"[bold]attempt {attempt}[/]: no trajectory (a model-free scaffold)")
             continue
-        console.print(trajectory_view(traj, title))
+        console.print(trajectory_view(traj, f"attempt {attempt} ({source} trajectory)"))
 
 
 @app.command()
@@ -504,7 +504,11 @@ def demo(
             console.print(
                 results_table(results, title=f"{scaffold} (batch {batch_id})")
             )
-            failed |= any(r.failed for r in results)
+            # The random model's agent may crash (e.g. Claude Code gives up on replies cut
+            # at the token cap): that is the agent's outcome, not a failure of the demo.
+            failed |= any(
+                r.failed and r.termination_reason != "scaffold_error" for r in results
+            )
         searches = " or ".join(f'TrialBatchId = "{b}"' for b in batch_ids)
         console.print(f"Temporal UI: {ui}   (search: {searches})")
         if keep_up:
