@@ -135,7 +135,7 @@ def parse_completion(payload: Any, req: CompletionRequest, replica: str = "") ->
         )
     if raw_reason not in _FINISH_REASONS:
         raise BackendProtocolError(f"unexpected finish_reason {raw_reason!r}")
-    if token_logprobs is None or len(token_logprobs) != len(token_ids) or any(v is None for v in token_logprobs):
+    if token_logprobs is None or len(token_logprobs) != len(token_ids) or None in token_logprobs:
         raise BackendProtocolError("logprobs missing or not one per generated token")
     experts = choice.get("routed_experts")
     return Generation(

@@ -227,10 +227,10 @@ class Trajectory:
         if delta.new_segment is not None:
             self.segments.append(seg)
         old_experts = seg.routed_experts
-        seg.response_ids.extend(int(t) for t in delta.env_ids)
+        seg.response_ids.extend(map(int, delta.env_ids))
         seg.response_mask.extend([0] * len(delta.env_ids))
         seg.response_logprobs.extend([0.0] * len(delta.env_ids))
-        seg.response_ids.extend(int(t) for t in delta.gen_ids)
+        seg.response_ids.extend(map(int, delta.gen_ids))
         seg.response_mask.extend([1] * len(delta.gen_ids))
         seg.response_logprobs.extend(np.asarray(delta.gen_logprobs, dtype=np.float32).tolist())
         if experts is not None:
