@@ -272,3 +272,16 @@ def test_vllm_python_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRIALFLOW_VLLM_PYTHON", "/opt/vllm/bin/python")
     assert vllm_python() == Path("/opt/vllm/bin/python")
     assert vllm_python("/explicit/python") == Path("/explicit/python")
+
+
+def test_model_max_positions_reads_config_or_none(tmp_path: Path) -> None:
+    """What start_vllm compares its max_model_len with before adding --hf-overrides."""
+    from infra.services import model_max_positions
+
+    assert model_max_positions(tmp_path) is None  # no config.json
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
+    assert model_max_positions(tmp_path) == 32768
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert model_max_positions(tmp_path) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert model_max_positions(tmp_path) is None
