@@ -259,7 +259,8 @@ def outcome_of(
     A timeout wins over everything; a run whose conversation outgrew the context (the
     proxy refused a turn) is "overlong" whatever the agent's exit code; a scaffold that
     reports its own turn limit (`stop_reason` "max_turns", exit code non-zero) is
-    "max_turns" with no error: the agent ran out of turns, it did not crash."""
+    "max_turns" with no error: the agent ran out of turns, it did not crash. A
+    `scaffold_error` message carries the scaffold's `detail`, then its last 3 stderr lines."""
     if outcome.timed_out:
         return "timeout", None
     if overlong:
@@ -267,11 +268,11 @@ def outcome_of(
     if outcome.stop_reason == "max_turns":
         return "max_turns", None
     if outcome.exit_code != 0:
-        tail = outcome.stderr.strip().splitlines()[-3:]
+        said = ([outcome.detail.strip()] if outcome.detail else []) + outcome.stderr.strip().splitlines()[-3:]
         return "scaffold_error", TrialError(
             type="ScaffoldExit",
             message=f"scaffold exited with code {outcome.exit_code}"
-            + (f": {' | '.join(tail)}" if tail else ""),
+            + (f": {' | '.join(said)}" if said else ""),
             phase="scaffold",
             attempt=attempt,
         )

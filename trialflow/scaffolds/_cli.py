@@ -208,9 +208,14 @@ class CliScaffold(Scaffold):
             (ctx.log_dir / f"{run.name}.summary.json").write_text(json.dumps(asdict(summary), indent=2))
         if result.timed_out:
             return result
-        return replace(result, stop_reason=self.stop_reason(summary))
+        return replace(result, stop_reason=self.stop_reason(summary), detail=self.detail(summary))
 
     def stop_reason(self, summary: Any) -> StopReason | None:
         """Why the CLI stopped, from its `summarize` fold (pure); None: not known. The base
         knows nothing; CLIs that report a turn limit override this."""
+        return None
+
+    def detail(self, summary: Any) -> str | None:
+        """The CLI's own message about a failed ending, from its `summarize` fold (pure);
+        None: none given."""
         return None

@@ -66,7 +66,9 @@ class ScaffoldResult:
 
     `stop_reason` is set by scaffolds that can tell why the agent stopped short of finishing
     on its own: "max_turns" = it hit its configured turn limit (the exit code is then
-    non-zero, yet this is an outcome of the agent, not a crash). None: nothing known."""
+    non-zero, yet this is an outcome of the agent, not a crash). None: nothing known.
+    `detail` is the agent's own account of a failed ending when it gives one (e.g. Claude
+    Code's error `result` text); it goes into the trial's error message."""
 
     exit_code: int
     timed_out: bool
@@ -74,6 +76,7 @@ class ScaffoldResult:
     stderr: str
     duration_s: float
     stop_reason: StopReason | None = None
+    detail: str | None = None
 
     @property
     def log(self) -> str:

@@ -160,3 +160,7 @@ class ClaudeCodeScaffold(CliScaffold):
 
     def stop_reason(self, summary: StreamSummary) -> StopReason | None:
         return stop_reason_of(summary)
+
+    def detail(self, summary: StreamSummary) -> str | None:
+        # e.g. "API Error: Claude's response exceeded the 32000 output token maximum..."
+        return summary.result_text if summary.is_error and summary.result_text else None

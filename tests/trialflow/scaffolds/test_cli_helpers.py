@@ -12,7 +12,12 @@ from trialflow.errors import ScaffoldSetupFailed
 from trialflow.sandbox.base import Sandbox
 from trialflow.scaffolds import ScaffoldContext, get_scaffold
 from trialflow.scaffolds._cli import CliRun, cli_mount, find_binary
-from trialflow.scaffolds.claude_code import claude_argv, claude_env, stop_reason_of, summarize_stream
+from trialflow.scaffolds.claude_code import (
+    claude_argv,
+    claude_env,
+    stop_reason_of,
+    summarize_stream,
+)
 from trialflow.scaffolds.opencode import opencode_config, opencode_env, summarize_events
 from trialflow.tasks import load_task
 
@@ -57,6 +62,16 @@ def test_claude_stop_reason_is_max_turns_only_for_its_result_subtype():
     crashed = json.dumps({"type": "result", "subtype": "error_during_execution", "is_error": True})
     assert stop_reason_of(summarize_stream(crashed)) is None
     assert stop_reason_of(summarize_stream("")) is None  # no result event: the CLI died
+
+
+def test_claude_detail_is_the_error_result_text_only():
+    from trialflow.scaffolds.claude_code import ClaudeCodeScaffold
+
+    scaffold = ClaudeCodeScaffold()
+    failed = json.dumps({"type": "result", "subtype": "success", "is_error": True, "result": "API Error: too long"})
+    assert scaffold.detail(summarize_stream(failed)) == "API Error: too long"
+    assert scaffold.detail(summarize_stream(CLAUDE_STREAM)) is None  # success: no detail
+    assert scaffold.detail(summarize_stream("")) is None
 
 
 def test_summarize_opencode_events():
