@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import json
 import os
 import shutil
@@ -413,8 +412,7 @@ def cached_tiny_model(cache_root: Path) -> Path:
     """
     from trialflow import tinymodel
 
-    digest = hashlib.sha256(Path(tinymodel.__file__).read_bytes()).hexdigest()[:12]
-    return Path(tinymodel.build_tiny_model(cache_root / f"tiny-model-{digest}"))
+    return Path(tinymodel.build_tiny_model(cache_root / f"tiny-model-{tinymodel.SOURCE_DIGEST}"))
 
 
 # --- Everything for `trialflow up` and the demo -------------------------------------

@@ -42,6 +42,7 @@ Chat template (ChatML, written for this project):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig
 
 BUILDER_VERSION = 1
+# Digest of the code this process runs (not of the file on disk, which may have changed since
+# import): cache directories keyed by it never receive a model built by older code.
+SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 MARKER = "trialflow-tinymodel.json"
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -238,7 +242,7 @@ def _train_tokenizer(dest: Path) -> None:
         bos_token=None,
         unk_token=None,
         clean_up_tokenization_spaces=False,
-        model_max_length=4096,
+        model_max_length=65536,  # the demo serves 64K contexts (see infra.services)
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(dest)
