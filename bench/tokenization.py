@@ -45,7 +45,8 @@ def run(turns: int, target_tokens: int, repeats: int) -> dict:
     words = max(1, int(10 * per_turn / max(1, len(probe_ids))))
     cpu_per_turn: dict[int, float] = {}
     for i in range(1, turns + 1):
-        request = ChatRequest(protocol="openai", messages=list(messages), tools=TOOLS)
+        # a fresh copy per request, as a client re-sending its history over HTTP would produce
+        request = ChatRequest(protocol="openai", messages=json.loads(json.dumps(messages)), tools=TOOLS)
         parsed, gen_ids = assistant_turn(tok, i, words)
 
         def one_turn(tr: ConversationTracker) -> None:

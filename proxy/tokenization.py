@@ -178,6 +178,9 @@ class _Recorded:
 
     norms: tuple[tuple, ...]
     tools: tuple[ToolSpec, ...]
+    # The request's messages as received: a client re-sending an identical message (the usual
+    # case) is matched by dict equality, without normalizing it again.
+    raw: tuple[Message, ...] = ()
 
 
 class ConversationTracker:
@@ -235,15 +238,15 @@ class ConversationTracker:
             kind: SegmentKind = "main" if self.main_thread == "first" or tools else "side"
         else:
             kind = "main" if key == self._main_key else "side"
-        norms = tuple(_norm(m) for m in messages)
         segs = self.trajectory.segments
         for idx in range(len(segs) - 1, -1, -1):
             seg = segs[idx]
             if seg.system_key != key or seg.kind != kind or idx not in self._recorded:
                 continue
-            env = self._extension(idx, messages, norms, tools, request.thinking)
-            if env is None:
+            ext = self._extension(idx, messages, tools, request.thinking)
+            if ext is None:
                 continue
+            env, norms = ext
             # rule 5 holds by construction here; commit checks the backend's echo of it.
             prompt = seg.full_ids + env
             return PreparedTurn(idx, kind, key, prompt, env, len(seg), None, tuple(messages), tools, norms)
@@ -251,17 +254,23 @@ class ConversationTracker:
         prompt = self._encode(text)
         rewritten = kind == "main" and any(s.kind == "main" for s in segs)
         header = SegmentHeader(kind=kind, rewritten=rewritten, system_key=key, prompt_ids=tuple(prompt))
+        norms = tuple(_norm(m) for m in messages)
         return PreparedTurn(len(segs), kind, key, prompt, [], 0, header, tuple(messages), tools, norms)
 
-    def _extension(self, idx: int, messages: list[Message], norms: tuple[tuple, ...],
-                   tools: tuple[ToolSpec, ...], thinking: bool | None) -> list[int] | None:
-        """Environment ids extending segment ``idx`` to ``messages``, or None if it does not extend."""
+    def _extension(self, idx: int, messages: list[Message], tools: tuple[ToolSpec, ...],
+                   thinking: bool | None) -> tuple[list[int], tuple[tuple, ...]] | None:
+        """(environment ids, normalized messages) extending segment ``idx`` to ``messages``, or
+        None if it does not extend."""
         rec = self._recorded[idx]
         m = len(rec.norms)
         if rec.tools != tools or len(messages) < m:
             return None
-        if not all(_same(r, e) for r, e in zip(rec.norms, norms[:m])):
-            return None
+        for i in range(m):
+            if i < len(rec.raw) and messages[i] == rec.raw[i]:
+                continue
+            if not _same(rec.norms[i], _norm(messages[i])):
+                return None
+        norms = rec.norms + tuple(_norm(e) for e in messages[m:])
         delta = self._delta_text(messages, m, list(tools), thinking)
         if delta is None:
             return None
@@ -270,7 +279,7 @@ class ConversationTracker:
         last = seg.response_ids[-1] if seg.response_ids else seg.prompt_ids[-1]
         if last != self.eos_id:
             env = [self.eos_id] + env
-        return env
+        return env, norms
 
     def _delta_text(self, messages: list[Message], m: int, tools: list[ToolSpec],
                     thinking: bool | None) -> str | None:
@@ -344,7 +353,7 @@ class ConversationTracker:
         norms = prepared.norms if len(prepared.norms) == len(prepared.messages) else tuple(
             _norm(m) for m in prepared.messages)
         self._recorded[prepared.segment_index] = _Recorded(
-            (*norms, _norm(assistant_message(parsed))), prepared.tools)
+            (*norms, _norm(assistant_message(parsed))), prepared.tools, prepared.messages)
         return record
 
     def count_tokens(self, request: ChatRequest) -> int:
