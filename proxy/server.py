@@ -7,6 +7,9 @@ Management (no auth: bind it to a private interface; the worker uses it in-proce
                                  -> {session_id, anthropic_base_url, openai_base_url}
     GET  /sessions/{id}          -> live stats
     POST /sessions/{id}/close    -> trajectory npz bytes (``?format=json``: JSON summary)
+    POST /policy_version         {version: int} -> {version, sessions}: a weight sync; every open
+                                 session records the new weights version (a turn running across
+                                 the change records both ends in its segment's range)
 
 Protocol routes, under ``/s/{id}/{secret}/v1/``: ``messages`` (``?beta=true`` accepted),
 ``messages/count_tokens``, ``chat/completions``, ``models``. The secret (``secrets.
@@ -38,7 +41,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +186,15 @@ class ProxyServer:
             raise NotFound(f"unknown session {session_id}")
         return entry.session.stats()
 
+    def set_policy_version(self, version: int) -> int:
+        """A weight sync: the replicas now serve ``version``. Every open session records it
+        from now on (a turn running across the change records both versions); sessions opened
+        later start from it. Returns the number of sessions updated."""
+        self.defaults = replace(self.defaults, policy_version=version)
+        for entry in self._sessions.values():
+            entry.session.set_policy_version(version)
+        return len(self._sessions)
+
     def session(self, session_id: str) -> Session:
         """The live ``Session`` (tests and the worker read its trajectory)."""
         entry = self._sessions.get(session_id)
@@ -197,6 +209,7 @@ class ProxyServer:
         r.add_post("/sessions", self._create)
         r.add_get("/sessions/{sid}", self._stats)
         r.add_post("/sessions/{sid}/close", self._close)
+        r.add_post("/policy_version", self._policy_version)
         base = "/s/{sid}/{secret}/v1"
         r.add_post(f"{base}/messages", self._anthropic_messages)
         r.add_post(f"{base}/messages/count_tokens", self._anthropic_count_tokens)
@@ -219,6 +232,16 @@ class ProxyServer:
             {"session_id": handle.session_id, "anthropic_base_url": handle.anthropic_base_url,
              "openai_base_url": handle.openai_base_url}
         )
+
+    async def _policy_version(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request, self.max_body_bytes)
+            version = body.get("version") if isinstance(body, dict) else None
+            if isinstance(version, bool) or not isinstance(version, int):
+                raise InvalidRequest('body must be {"version": <int>}')
+        except ProxyError as exc:
+            return _mgmt_error(exc)
+        return web.json_response({"version": version, "sessions": self.set_policy_version(version)})
 
     async def _stats(self, request: web.Request) -> web.Response:
         try:

@@ -145,6 +145,9 @@ class Session:
         self.config = config
         self.pool = pool
         self.tokenizer = tokenizer
+        # The weights version the replicas serve now; a weight sync moves it (set_policy_version),
+        # and a turn running across the change records both ends.
+        self.policy_version: int | None = config.policy_version
         # The Rust decoder directly: transformers' decode() walks every id in Python first
         # (~3x slower per turn), and the raw text is what the parsers must see anyway.
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -180,6 +183,11 @@ class Session:
             self._ignored_logged |= new
             log.info("session %s: ignoring request fields %s", self.id, sorted(new))
 
+    def set_policy_version(self, version: int) -> None:
+        """The replicas now serve weights ``version`` (e.g. after a weight sync); turns from
+        now on, and a turn running right now, record it in their segment's version range."""
+        self.policy_version = version
+
     def count_tokens(self, request: ChatRequest) -> int:
         if self.closed:
             raise NotFound("unknown session")
@@ -203,6 +211,7 @@ class Session:
             max_tokens = min(b for b in bounds if b is not None)
             sampling = replace(self.config.sampling, stop=request.sampling.stop)
             started = time.time()
+            version_at_start = self.policy_version
             gen = await self.pool.generate(
                 self.id,
                 CompletionRequest(
@@ -226,7 +235,8 @@ class Session:
             )
             self.tracker.commit(prepared, gen, parsed, TurnInfo(
                 started_at=started, latency_s=time.time() - started,
-                policy_version=self.config.policy_version,
+                policy_version=version_at_start,
+                policy_version_end=self.policy_version,
                 # only a turn cut by the context window (not by the client's max_tokens) is overlong
                 context_limited=max_tokens == left))
             await self._checkpoint()

@@ -97,6 +97,7 @@ class TurnInfo:
     started_at: float = 0.0
     latency_s: float = 0.0
     policy_version: int | None = None
+    policy_version_end: int | None = None  # when the weights changed during the turn
     # The generation's max_tokens was bounded by the context window and it finished by
     # length: the trajectory hit its limit (TurnRecord.overlong, counters.overlong).
     context_limited: bool = False
@@ -347,6 +348,7 @@ class ConversationTracker:
             record=record, gen_ids=generation.token_ids, gen_logprobs=generation.logprobs,
             env_ids=prepared.env_ids, new_segment=prepared.new_segment,
             routed_experts=generation.routed_experts, policy_version=info.policy_version,
+            policy_version_end=info.policy_version_end,
         ))
         if self._main_key is None and prepared.kind == "main":
             self._main_key = prepared.system_key

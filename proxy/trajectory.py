@@ -168,7 +168,10 @@ class TurnDelta:
     env_ids: Sequence[int] = ()
     new_segment: SegmentHeader | None = None
     routed_experts: np.ndarray | None = None
+    # Weights versions the turn ran under: at its start and, when the weights changed while it
+    # ran (a weight sync that aborted and resumed it), at its end. Both widen the segment's range.
     policy_version: int | None = None
+    policy_version_end: int | None = None
 
 
 @dataclass
@@ -236,10 +239,10 @@ class Trajectory:
         if experts is not None:
             seg.experts_writes.append((len(self.turns), _first_changed_row(old_experts, experts)))
         seg.routed_experts = experts
-        if delta.policy_version is not None:
-            v = delta.policy_version
-            seg.policy_version_min = v if seg.policy_version_min is None else min(seg.policy_version_min, v)
-            seg.policy_version_max = v if seg.policy_version_max is None else max(seg.policy_version_max, v)
+        for v in (delta.policy_version, delta.policy_version_end):
+            if v is not None:
+                seg.policy_version_min = v if seg.policy_version_min is None else min(seg.policy_version_min, v)
+                seg.policy_version_max = v if seg.policy_version_max is None else max(seg.policy_version_max, v)
         self.turns.append(rec)
         c = self.counters
         c.turns += 1

@@ -206,3 +206,26 @@ async def test_client_leaving_mid_stream_does_not_lose_the_turn(tok):
         await asyncio.sleep(1.0)
         stats = srv.session_stats(h.session_id)
     assert stats["turns"] == 1 and stats["completion_tokens"] > 0
+
+
+async def test_weight_sync_mid_turn_widens_the_policy_version_range(tok):
+    """A turn generating while the trainer syncs weights (version 3 -> 4) records both versions;
+    the next turn records only 4; new sessions start from 4; bad bodies are 400s."""
+    async with ScriptedVLLM(tok, script=[Reply("first", delay_s=1.0), Reply("second")]) as dbl, \
+            proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session(SessionConfig(policy_version=3))
+        async with aiohttp.ClientSession() as http:
+            turn = asyncio.create_task(http.post(h.openai_base_url + "/chat/completions", json=CHAT))
+            while not dbl.requests:  # the generation is running at the backend
+                await asyncio.sleep(0.05)
+            r = await http.post(f"{srv.base_url}/policy_version", json={"version": 4})
+            assert await r.json() == {"version": 4, "sessions": 1}
+            assert (await turn).status == 200
+            seg = srv.session(h.session_id).trajectory.segments[0]
+            assert (seg.policy_version_min, seg.policy_version_max) == (3, 4)
+            for bad in ({"version": "4"}, {"version": True}, {}, [4]):
+                assert (await http.post(f"{srv.base_url}/policy_version", json=bad)).status == 400
+        assert srv.open_session().session_id and srv.defaults.policy_version == 4
+        t = await srv.close_session(h.session_id)
+    rebuilt = Trajectory.from_bytes(t.to_bytes())
+    assert (rebuilt.segments[0].policy_version_min, rebuilt.segments[0].policy_version_max) == (3, 4)
