@@ -10,10 +10,8 @@ fails fast and non-retryably with the error in the result, a scaffold that crash
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import boto3
@@ -78,31 +76,6 @@ def settings(temporal_address, s3_endpoint, docker_client) -> TrialflowSettings:
         max_concurrent_trials=3,
         drain_grace_s=5,
     )
-
-
-@pytest.fixture(scope="module")
-async def client(settings):
-    return await batch.connect(settings.temporal_address)
-
-
-@pytest.fixture(scope="module")
-async def worker(settings, client) -> AsyncIterator[worker_main.WorkerProcess]:
-    process = await worker_main.build(settings, client)
-    stop = asyncio.Event()
-    task = asyncio.create_task(process.run(stop))
-    yield process
-    stop.set()
-    await task
-
-
-@pytest.fixture
-def no_leaked_sandboxes(docker_client, worker) -> Iterator[None]:
-    """No container of THIS worker outlives a test (other sessions share the engine)."""
-    yield
-    mine = docker_client.containers.list(
-        all=True, filters={"label": f"trialflow.worker={worker.host_queue}"}
-    )
-    assert not mine, f"sandboxes left behind: {[c.name for c in mine]}"
 
 
 async def _run(client, settings, specs) -> list[TrialResult]:

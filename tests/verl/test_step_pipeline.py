@@ -11,7 +11,6 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,12 @@ from proxy.trajectory import Trajectory
 from tests.verl._support import bare_worker, instantiate_loop, verl_batch
 from trialflow import batch
 from trialflow.sandbox.base import ExecResult
-from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, register_scaffold
+from trialflow.scaffolds import (
+    Scaffold,
+    ScaffoldContext,
+    ScaffoldResult,
+    register_scaffold,
+)
 from trialflow.settings import TrialflowSettings, load_settings
 from trialflow.verl.agent_loop import stamp_identity
 from trialflow.verl.step_batch import StragglerPolicy, run_step
@@ -85,28 +89,6 @@ def settings(temporal_address, s3_endpoint, docker_client, vllm_url, vllm_model_
         model_dir=tiny_model_dir, replica_urls=[vllm_url], model_name=vllm_model_name,
         worker_id=f"verl-{suffix}", max_concurrent_trials=4, drain_grace_s=5,
     )
-
-
-@pytest.fixture(scope="module")
-async def client(settings):
-    return await batch.connect(settings.temporal_address)
-
-
-@pytest.fixture(scope="module")
-async def worker(settings, client) -> AsyncIterator[worker_main.WorkerProcess]:
-    process = await worker_main.build(settings, client)
-    stop = asyncio.Event()
-    task = asyncio.create_task(process.run(stop))
-    yield process
-    stop.set()
-    await task
-
-
-@pytest.fixture
-def no_leaked_sandboxes(docker_client, worker) -> Iterator[None]:
-    yield
-    mine = docker_client.containers.list(all=True, filters={"label": f"trialflow.worker={worker.host_queue}"})
-    assert not mine, f"sandboxes left behind: {[c.name for c in mine]}"
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,26 @@ AGENT_LOG_DIR = "/logs/agent"
 HEARTBEAT_POLL_S = 5.0
 
 
+def json_events(stdout: str) -> tuple[list[dict], int]:
+    """The JSON-object lines of a CLI's event stream, and how many non-blank lines were not
+    JSON objects (the CLIs interleave stray output; it is counted, never fatal)."""
+    events: list[dict] = []
+    bad = 0
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+        else:
+            bad += 1
+    return events, bad
+
+
 def find_binary(install_dir: Path, candidates: Sequence[str], *, what: str) -> Path:
     """First existing executable file among `install_dir/candidate`.
 

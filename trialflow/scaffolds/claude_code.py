@@ -22,13 +22,12 @@ an API error instead of hanging until the agent timeout.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trialflow.errors import ScaffoldSetupFailed
-from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold
+from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold, json_events
 from trialflow.scaffolds.base import ScaffoldContext, StopReason
 
 BINARY_CANDIDATES = (
@@ -57,20 +56,10 @@ class StreamSummary:
 
 def summarize_stream(stdout: str) -> StreamSummary:
     """Fold the stream-json lines of one `claude -p` run (pure; tolerant of junk lines)."""
-    events = assistant = tools = bad = 0
+    parsed, bad = json_events(stdout)
+    assistant = tools = 0
     result: dict | None = None
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if not isinstance(event, dict):
-            bad += 1
-            continue
-        events += 1
+    for event in parsed:
         if event.get("type") == "assistant":
             assistant += 1
             content = (event.get("message") or {}).get("content") or []
@@ -78,7 +67,7 @@ def summarize_stream(stdout: str) -> StreamSummary:
         elif event.get("type") == "result":
             result = event
     return StreamSummary(
-        events=events,
+        events=len(parsed),
         assistant_messages=assistant,
         tool_uses=tools,
         result_subtype=result.get("subtype") if result else None,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trialflow.errors import ScaffoldSetupFailed
-from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold
+from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold, json_events
 from trialflow.scaffolds.base import ScaffoldContext
 
 BINARY_CANDIDATES = (
@@ -53,21 +53,11 @@ class EventSummary:
 
 
 def summarize_events(stdout: str) -> EventSummary:
-    events = steps = tools = bad = 0
+    parsed, bad = json_events(stdout)
+    steps = tools = 0
     errors: list[str] = []
     reason = None
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if not isinstance(event, dict):
-            bad += 1
-            continue
-        events += 1
+    for event in parsed:
         kind = event.get("type")
         part = event.get("part") if isinstance(event.get("part"), dict) else {}
         if kind == "step_finish":
@@ -80,7 +70,7 @@ def summarize_events(stdout: str) -> EventSummary:
             data = err.get("data") if isinstance(err, dict) else None
             message = data.get("message") if isinstance(data, dict) else None
             errors.append(str(message or err))
-    return EventSummary(events, steps, tools, tuple(errors), reason, bad)
+    return EventSummary(len(parsed), steps, tools, tuple(errors), reason, bad)
 
 
 def opencode_config(
