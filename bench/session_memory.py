@@ -21,7 +21,19 @@ trajectories (full ids as int32, response mask as int8, response logprobs as flo
 so the ratio says how much the in-memory representation costs over packed arrays. For
 reference the compressed npz checkpoint size (``Trajectory.to_bytes()``) is reported too.
 
+After pass 2, ``holders_bytes_per_session`` attributes by owner rather than allocation site:
+``sys.getsizeof`` summed over what the session's trajectory token arrays, its trajectory,
+its ``tracker`` (minus the trajectory) and the whole ``Session`` reach (containers, strings,
+numbers, arrays, instance dicts; not functions, types, or the tokenizer and replica pool
+that all sessions share). An object reachable from two sessions is counted in each.
+
+``--json-roundtrip`` passes every request's messages through ``json.dumps``/``json.loads``
+first, as the HTTP routes hand the session a freshly parsed body per request: the strings
+the tracker keeps are then the session's own, not shared with the client (the default
+shares them, which is how the "before" numbers in docs/benchmarks.md were measured).
+
     .venv/bin/python bench/session_memory.py [--sessions 16] [--tokens 32768] [--reply-tokens 2000] [--top 8]
+                                             [--json-roundtrip]
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ import os
 import sys
 import time
 import tracemalloc
+import types
+from array import array
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +68,40 @@ def rss_bytes() -> int:
 def raw_array_bytes(trajectory) -> int:
     """int32 ids + int8 mask + float32 logprobs for every segment."""
     return sum(4 * len(s) + 1 * len(s.response_mask) + 4 * len(s.response_logprobs) for s in trajectory.segments)
+
+
+def deep_bytes(root: object, seen: set[int]) -> int:
+    """``sys.getsizeof`` summed over the objects reachable from ``root`` through containers
+    and instance dicts, each once; objects whose id is in ``seen`` are skipped (and every
+    object visited is added to it). Functions, types and modules are not followed."""
+    total, stack = 0, [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType)):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        elif not isinstance(obj, (str, bytes, int, float, array)) and hasattr(obj, "__dict__"):
+            stack.append(vars(obj))
+    return total
+
+
+def holders(session, shared: set[int]) -> dict[str, int]:
+    """Bytes per owner of one session (see the module docstring)."""
+    traj = session.trajectory
+    token_arrays = [a for s in traj.segments
+                    for a in (s.prompt_ids, s.response_ids, s.response_mask, s.response_logprobs)]
+    return {
+        "trajectory_token_arrays": sum(sys.getsizeof(a) for a in token_arrays),
+        "trajectory_all": deep_bytes(traj, set(shared)),
+        "tracker_without_trajectory": deep_bytes(session.tracker, shared | {id(traj)}),
+        "session_all": deep_bytes(session, set(shared)),
+    }
 
 
 async def build(args: argparse.Namespace, backend_url: str) -> dict:
@@ -85,8 +133,10 @@ async def build(args: argparse.Namespace, backend_url: str) -> dict:
                 t = 0
                 while sum(len(s) for s in session.trajectory.segments) < args.tokens and t < len(users):
                     messages.append({"role": "user", "content": users[t]})
-                    outcome = await session.run_turn(ChatRequest(protocol="openai", messages=list(messages)),
+                    sent = json.loads(json.dumps(messages)) if args.json_roundtrip else list(messages)
+                    outcome = await session.run_turn(ChatRequest(protocol="openai", messages=sent),
                                                      new_tool_call_id=lambda: f"call_{next(ids)}")
+                    del sent
                     messages.append({"role": "assistant", "content": outcome.parsed.content})
                     t += 1
                 del messages
@@ -111,7 +161,11 @@ async def build(args: argparse.Namespace, backend_url: str) -> dict:
         tracemalloc.stop()
         top = [{"site": str(stat.traceback[0]), "bytes_per_session": round(stat.size_diff / args.sessions)}
                for stat in after.compare_to(before, "lineno")[:args.top]]
-        trajs = [server.session(h.session_id).trajectory for h in handles]
+        sessions = [server.session(h.session_id) for h in handles]
+        shared = {id(tok), id(server), id(sessions[0].pool)}
+        held = [holders(sn, shared) for sn in sessions]
+        held_avg = {k: round(sum(h[k] for h in held) / len(held)) for k in held[0]}
+        trajs = [sn.trajectory for sn in sessions]
         raw = sum(raw_array_bytes(tr) for tr in trajs) / len(trajs)
         npz = sum(len(tr.to_bytes()) for tr in trajs) / len(trajs)
         tokens = sum(sum(len(s) for s in tr.segments) for tr in trajs) / len(trajs)
@@ -128,7 +182,8 @@ async def build(args: argparse.Namespace, backend_url: str) -> dict:
             "tracemalloc_bytes_per_session": round(traced), "rss_bytes_per_session": round(rss),
             "raw_arrays_bytes_per_session": round(raw), "npz_bytes_per_session": round(npz),
             "ratio_tracemalloc_to_raw": round(traced / raw, 2), "ratio_rss_to_raw": round(rss / raw, 2),
-            "tracemalloc_bytes_per_token": round(traced / tokens, 1), "top_allocation_sites": top}
+            "tracemalloc_bytes_per_token": round(traced / tokens, 1), "json_roundtrip": args.json_roundtrip,
+            "holders_bytes_per_session": held_avg, "top_allocation_sites": top}
 
 
 def main() -> None:
@@ -137,6 +192,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--reply-tokens", type=int, default=2000)
     ap.add_argument("--top", type=int, default=8, help="allocation sites to list")
+    ap.add_argument("--json-roundtrip", action="store_true",
+                    help="give each request freshly parsed messages, as the HTTP routes do")
     args = ap.parse_args()
     proc, backend = spawn("--serve-backend", "--delay-ms", "0", "--reply-tokens", str(args.reply_tokens))
     try:

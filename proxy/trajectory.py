@@ -26,8 +26,15 @@ before touching anything, so a rejected delta leaves the trajectory unchanged.
 Token layout of a segment: ``prompt_ids`` is the segment's first prompt; every later turn that
 extends the segment appends its environment tokens (new messages + template text, mask 0,
 logprob 0.0) and then the generated tokens (mask 1, vLLM's logprobs) to ``response_ids``.
+
+In memory the four token sequences are growable typed arrays (stdlib ``array.array``): ids
+int32 ('i'), mask int8 ('b'), logprobs float32 ('f'); 9 bytes per response token instead of
+~70 for lists of Python ints/floats, which is what an open session mostly holds. They index,
+slice, iterate and ``len`` like lists, but ``array == list`` is always False: compare with
+``.tolist()``. ``Segment.full_ids`` is a plain ``list[int]`` (for JSON request bodies).
 Logprobs are stored as float32 (what vLLM computes and what the trainer consumes), so
-values are rounded to float32 on ``apply`` and round-trip exactly.
+values are rounded to float32 on ``apply`` and round-trip exactly. A token id outside int32
+is rejected by ``apply`` (``TrajectoryError``; real vocabularies are < 2**31).
 
 Routed experts (R3): per segment either None (dense model, or never reported) or an integer
 array [len(prompt_ids) + len(response_ids), layers, top_k] aligned with the full sequence.
@@ -56,7 +63,8 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -67,6 +75,15 @@ FORMAT_VERSION = 1
 
 
 _BAD_PAYLOAD = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+# array.array typecodes of Segment's token sequences, and the numpy dtype of each in memory.
+# 'i' is C int and 'f' C float: 4 bytes on every platform CPython supports, checked below so
+# the int32/float32 npz arrays are these arrays' bytes.
+IDS_CODE, MASK_CODE, LOGPROBS_CODE = "i", "b", "f"
+_NP_DTYPE = {IDS_CODE: np.dtype(np.int32), MASK_CODE: np.dtype(np.int8), LOGPROBS_CODE: np.dtype(np.float32)}
+for _code, _dtype in _NP_DTYPE.items():
+    if array(_code).itemsize != _dtype.itemsize:
+        raise ImportError(f"array typecode {_code!r} is {array(_code).itemsize} bytes, need {_dtype.itemsize}")
 
 
 class TrajectoryError(ValueError):
@@ -97,17 +114,43 @@ def _as_experts(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return arr.astype(dtype)
 
 
+def _typed(code: str, values: Iterable[Any]) -> array:
+    """``values`` as an array of ``code`` (an array of that code is kept, not copied).
+
+    Raises OverflowError (id outside int32) or TypeError (not numbers) like ``array`` does.
+    """
+    if isinstance(values, array) and values.typecode == code:
+        return values
+    if isinstance(values, np.ndarray):  # bulk copy instead of one Python number per element
+        if code == IDS_CODE and values.size and (
+                values.dtype.kind not in "iu" or values.min() < -2**31 or values.max() >= 2**31):
+            raise OverflowError(f"ids of dtype {values.dtype} outside int32")
+        out = array(code)
+        out.frombytes(np.ascontiguousarray(values, dtype=_NP_DTYPE[code]).tobytes())
+        return out
+    return array(code, values)
+
+
+def _filled(code: str, value: int, n: int) -> array:
+    """``n`` copies of ``value`` (0 or 1) as an array of ``code``."""
+    return array(code, bytes(n * array(code).itemsize)) if value == 0 else array(code, [value]) * n
+
+
 @dataclass
 class Segment:
-    """One token sequence. ``full_ids`` = prompt_ids + response_ids is what the model saw."""
+    """One token sequence. ``full_ids`` = prompt_ids + response_ids is what the model saw.
+
+    The token sequences are typed arrays (see the module docstring); any sequence of numbers
+    passed to the constructor is converted (an array of the right typecode is kept as is).
+    """
 
     kind: SegmentKind
     rewritten: bool
     system_key: str
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    response_mask: list[int] = field(default_factory=list)
-    response_logprobs: list[float] = field(default_factory=list)
+    prompt_ids: array  # 'i' (int32)
+    response_ids: array = field(default_factory=lambda: array(IDS_CODE))  # 'i' (int32)
+    response_mask: array = field(default_factory=lambda: array(MASK_CODE))  # 'b' (int8, 0/1)
+    response_logprobs: array = field(default_factory=lambda: array(LOGPROBS_CODE))  # 'f' (float32)
     routed_experts: np.ndarray | None = None
     policy_version_min: int | None = None
     policy_version_max: int | None = None
@@ -115,9 +158,16 @@ class Segment:
     # the rows that changed.
     experts_writes: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
+    def __post_init__(self) -> None:
+        self.prompt_ids = _typed(IDS_CODE, self.prompt_ids)
+        self.response_ids = _typed(IDS_CODE, self.response_ids)
+        self.response_mask = _typed(MASK_CODE, self.response_mask)
+        self.response_logprobs = _typed(LOGPROBS_CODE, self.response_logprobs)
+
     @property
     def full_ids(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
+        """prompt_ids + response_ids as a new plain list (JSON encoders take no arrays)."""
+        return (self.prompt_ids + self.response_ids).tolist()
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
@@ -211,31 +261,38 @@ class Trajectory:
         rec = delta.record
         if len(delta.gen_ids) != len(delta.gen_logprobs):
             raise TrajectoryError(f"{len(delta.gen_ids)} generated ids but {len(delta.gen_logprobs)} logprobs")
+        try:  # typed copies first: an id outside int32 is rejected before anything changes
+            env_ids = _typed(IDS_CODE, delta.env_ids)
+            gen_ids = _typed(IDS_CODE, delta.gen_ids)
+            gen_logprobs = _typed(LOGPROBS_CODE, delta.gen_logprobs)
+            prompt_ids = None if delta.new_segment is None else _typed(IDS_CODE, delta.new_segment.prompt_ids)
+        except (OverflowError, TypeError) as exc:
+            raise TrajectoryError(f"token ids must be int32 and logprobs numbers: {exc}") from exc
         if delta.new_segment is not None:
             if rec.segment != len(self.segments):
                 raise TrajectoryError(f"new segment must get index {len(self.segments)}, got {rec.segment}")
-            if delta.env_ids:
+            if env_ids:
                 raise TrajectoryError("a new segment's turn has no environment delta")
             h = delta.new_segment
-            seg = Segment(kind=h.kind, rewritten=h.rewritten, system_key=h.system_key, prompt_ids=list(h.prompt_ids))
+            seg = Segment(kind=h.kind, rewritten=h.rewritten, system_key=h.system_key, prompt_ids=prompt_ids)
             base = 0  # experts/extension checks below run against the fresh segment
         else:
             if not 0 <= rec.segment < len(self.segments):
                 raise TrajectoryError(f"turn refers to unknown segment {rec.segment}")
             seg = self.segments[rec.segment]
             base = len(seg)
-        n_after = (len(seg.prompt_ids) if delta.new_segment else base) + len(delta.env_ids) + len(delta.gen_ids)
+        n_after = (len(seg.prompt_ids) if delta.new_segment else base) + len(env_ids) + len(gen_ids)
         experts = self._merged_experts(seg, delta.routed_experts, n_after)
 
         if delta.new_segment is not None:
             self.segments.append(seg)
         old_experts = seg.routed_experts
-        seg.response_ids.extend(map(int, delta.env_ids))
-        seg.response_mask.extend([0] * len(delta.env_ids))
-        seg.response_logprobs.extend([0.0] * len(delta.env_ids))
-        seg.response_ids.extend(map(int, delta.gen_ids))
-        seg.response_mask.extend([1] * len(delta.gen_ids))
-        seg.response_logprobs.extend(np.asarray(delta.gen_logprobs, dtype=np.float32).tolist())
+        seg.response_ids += env_ids
+        seg.response_mask += _filled(MASK_CODE, 0, len(env_ids))
+        seg.response_logprobs += _filled(LOGPROBS_CODE, 0, len(env_ids))
+        seg.response_ids += gen_ids
+        seg.response_mask += _filled(MASK_CODE, 1, len(gen_ids))
+        seg.response_logprobs += gen_logprobs
         if experts is not None:
             seg.experts_writes.append((len(self.turns), _first_changed_row(old_experts, experts)))
         seg.routed_experts = experts
@@ -301,11 +358,13 @@ class Trajectory:
             if seg.routed_experts is not None:
                 e_from = 0 if is_new else min(writes + [len(seg.prompt_ids) + r_from])
                 arrays[f"s{i}.experts"] = seg.routed_experts[e_from:]
+            # np.array copies (no view may outlive this call: an array.array that exports its
+            # buffer cannot grow). Same dtypes as ever; the mask is uint8 on disk.
             if is_new:
-                arrays[f"s{i}.prompt_ids"] = np.asarray(seg.prompt_ids, dtype=np.int32)
-            arrays[f"s{i}.response_ids"] = np.asarray(seg.response_ids[r_from:], dtype=np.int32)
-            arrays[f"s{i}.response_mask"] = np.asarray(seg.response_mask[r_from:], dtype=np.uint8)
-            arrays[f"s{i}.response_logprobs"] = np.asarray(seg.response_logprobs[r_from:], dtype=np.float32)
+                arrays[f"s{i}.prompt_ids"] = np.array(seg.prompt_ids, dtype=np.int32)
+            arrays[f"s{i}.response_ids"] = np.array(seg.response_ids[r_from:], dtype=np.int32)
+            arrays[f"s{i}.response_mask"] = np.array(seg.response_mask[r_from:], dtype=np.uint8)
+            arrays[f"s{i}.response_logprobs"] = np.array(seg.response_logprobs[r_from:], dtype=np.float32)
             seg_meta.append({
                 "index": i, "new": is_new, "kind": seg.kind, "rewritten": seg.rewritten,
                 "system_key": seg.system_key, "response_from": r_from, "experts_from": e_from,
@@ -368,17 +427,18 @@ class Trajectory:
             if old is not None or i != n_staged:
                 raise CheckpointGapError(f"new segment {i} does not follow the {n_staged} known segments")
             seg = Segment(kind=sm["kind"], rewritten=sm["rewritten"], system_key=sm["system_key"],
-                          prompt_ids=arrays[f"s{i}.prompt_ids"].tolist())
+                          prompt_ids=arrays[f"s{i}.prompt_ids"])
         else:
             if old is None or sm["response_from"] != len(old.response_ids):
                 raise CheckpointGapError(f"segment {i}: delta starts at response token {sm['response_from']}")
+            # prompt_ids is never mutated after a segment opens, so it is shared; the rest is copied
             seg = Segment(kind=old.kind, rewritten=old.rewritten, system_key=old.system_key,
-                          prompt_ids=old.prompt_ids, response_ids=list(old.response_ids),
-                          response_mask=list(old.response_mask), response_logprobs=list(old.response_logprobs),
+                          prompt_ids=old.prompt_ids, response_ids=old.response_ids[:],
+                          response_mask=old.response_mask[:], response_logprobs=old.response_logprobs[:],
                           routed_experts=old.routed_experts, experts_writes=list(old.experts_writes))
-        seg.response_ids.extend(arrays[f"s{i}.response_ids"].tolist())
-        seg.response_mask.extend(arrays[f"s{i}.response_mask"].tolist())
-        seg.response_logprobs.extend(arrays[f"s{i}.response_logprobs"].tolist())
+        seg.response_ids += _typed(IDS_CODE, arrays[f"s{i}.response_ids"])
+        seg.response_mask += _typed(MASK_CODE, arrays[f"s{i}.response_mask"])
+        seg.response_logprobs += _typed(LOGPROBS_CODE, arrays[f"s{i}.response_logprobs"])
         if sm["experts_from"] is not None:
             rows = arrays[f"s{i}.experts"]
             keep = seg.routed_experts[: sm["experts_from"]] if seg.routed_experts is not None else rows[:0]

@@ -67,7 +67,7 @@ def mask_counts(trajectory: Trajectory) -> list[tuple[int, int]]:
     """(model tokens, env tokens) per segment: response tokens with mask 1 and mask 0."""
     counts = []
     for seg in trajectory.segments:
-        model = sum(seg.response_mask)
+        model = seg.response_mask.count(1)
         counts.append((model, len(seg.response_mask) - model))
     return counts
 

@@ -83,7 +83,7 @@ async def test_opencode_runs_a_tool_through_the_proxy(tok, tmp_path):
     # The agent's conversation: the segment whose first prompt is the first tool-carrying request.
     # (OpenCode sends its title request first; the tracker may record either as "main".)
     p1, p2 = (r["prompt"] for r in dbl.main_requests[:2])
-    (agent,) = [i for i, seg in enumerate(traj.segments) if seg.prompt_ids == p1]
+    (agent,) = [i for i, seg in enumerate(traj.segments) if seg.prompt_ids.tolist() == p1]
     turns = [r for r in traj.turns if r.segment == agent]
     assert len(turns) >= 2 and dbl.script == [] and turns[1].env_tokens_added > 0
     assert p2[: len(p1)] == p1 and traj.segments[agent].full_ids[: len(p2)] == p2

@@ -78,7 +78,7 @@ async def test_turn_pipeline_records_exact_tokens_and_extends(tok):
     assert first["max_tokens"] == 4096 - len(first["prompt"])
     # Turn 2's prompt is turn 1's full sequence plus environment tokens.
     gen1 = tok.encode(BASH_TOOL_CALL, add_special_tokens=False) + [tok.eos_token_id]
-    assert seg.prompt_ids == first["prompt"]
+    assert seg.prompt_ids.tolist() == first["prompt"]
     assert second["prompt"][: len(first["prompt"]) + len(gen1)] == first["prompt"] + gen1
     assert seg.full_ids[: len(second["prompt"])] == second["prompt"]
     # Mask marks exactly the generated tokens; logprobs are the backend's.
@@ -111,7 +111,7 @@ async def test_abort_resume_is_one_turn(tok):
     assert out.parsed.reasoning == "plan" and out.parsed.content == "answer"
     (turn,) = s.trajectory.turns
     assert turn.resumed_after_abort == 1 and s.trajectory.counters.aborts_resumed == 1
-    assert s.trajectory.segments[0].response_ids == part + rest + [tok.eos_token_id]
+    assert s.trajectory.segments[0].response_ids.tolist() == part + rest + [tok.eos_token_id]
 
 
 async def test_failed_turn_commits_nothing_then_recovers(tok):

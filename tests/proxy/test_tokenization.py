@@ -107,7 +107,7 @@ def test_multi_turn_extension_is_token_exact(tok):
     assert seg.full_ids == prev_full and seg.kind == "main" and not seg.rewritten
     # mask marks exactly the generated tokens, in order; logprobs only there
     assert [t for t, m in zip(seg.response_ids, seg.response_mask) if m] == [t for g in generated for t in g]
-    assert seg.response_ids[: len(generated[0])] == generated[0]
+    assert seg.response_ids[: len(generated[0])].tolist() == generated[0]
     assert all((lp != 0.0) == bool(m) for lp, m in zip(seg.response_logprobs, seg.response_mask))
     # the whole record is the conversation as the template renders it
     assert tok.decode(seg.full_ids) + "\n" == render(tok, msgs)
@@ -154,7 +154,7 @@ def test_edited_history_opens_rewritten_main_segment(tok):
     assert prepared.prompt_ids == tok.encode(render(tok, compacted, gen=True), add_special_tokens=False)
     seg = tracker.trajectory.segments[1]
     assert (seg.kind, seg.rewritten) == ("main", True)
-    assert seg.response_mask == [1] * len(gen.token_ids)  # no logprobs invented for the prompt
+    assert seg.response_mask.tolist() == [1] * len(gen.token_ids)  # no logprobs invented for the prompt
     # the rewritten thread is the one that extends now
     nxt = tracker.prepare(req(compacted + [{"role": "assistant", "content": "two"}, {"role": "user", "content": "go"}]))
     assert nxt.extends and nxt.segment_index == 1

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+from array import array
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -65,10 +69,10 @@ def test_fold_appends_env_then_generation_with_mask_and_logprobs():
     t.apply(extending(0, [9], [10, 11], finish="length", version=1, overlong=True))
     t.apply(extending(0, [], [12], finish="length"))  # cut by the client's max_tokens: not overlong
     seg = t.segments[0]
-    assert seg.prompt_ids == [1, 2, 3]
-    assert seg.response_ids == [4, 5, 6, 7, 8, 9, 10, 11, 12]
-    assert seg.response_mask == [1, 1, 0, 0, 1, 0, 1, 1, 1]
-    assert seg.response_logprobs == [-0.5, -0.5, 0.0, 0.0, -0.25, 0.0, -0.25, -0.5, -0.25]
+    assert seg.prompt_ids.tolist() == [1, 2, 3]
+    assert seg.response_ids.tolist() == [4, 5, 6, 7, 8, 9, 10, 11, 12]
+    assert seg.response_mask.tolist() == [1, 1, 0, 0, 1, 0, 1, 1, 1]
+    assert seg.response_logprobs.tolist() == [-0.5, -0.5, 0.0, 0.0, -0.25, 0.0, -0.25, -0.5, -0.25]
     assert seg.full_ids == list(range(1, 13)) and len(seg) == 12
     assert (seg.policy_version_min, seg.policy_version_max) == (1, 3)
     c = t.counters
@@ -80,7 +84,39 @@ def test_fold_appends_env_then_generation_with_mask_and_logprobs():
 def test_logprobs_are_stored_as_float32():
     t = Trajectory("s")
     t.apply(TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=[-0.1], new_segment=SegmentHeader("main", False, "k", [0])))
-    assert t.segments[0].response_logprobs == [float(np.float32(-0.1))]
+    assert t.segments[0].response_logprobs.tolist() == [float(np.float32(-0.1))]
+
+
+def test_tokens_are_packed_typed_arrays_and_full_ids_a_plain_list():
+    t = Trajectory("s")
+    t.apply(opening(0, (1, 2), [151643], experts=None))
+    t.apply(extending(0, np.array([2**31 - 1], dtype=np.int64), [3]))  # numpy input is accepted too
+    seg = t.segments[0]
+    codes = [(a.typecode, a.itemsize) for a in (seg.prompt_ids, seg.response_ids, seg.response_mask,
+                                                  seg.response_logprobs)]
+    assert codes == [("i", 4), ("i", 4), ("b", 1), ("f", 4)]
+    full = seg.full_ids
+    assert type(full) is list and all(type(x) is int for x in full) and full == [1, 2, 151643, 2**31 - 1, 3]
+    full.append(0)  # a fresh list each time: the caller may extend it
+    assert len(seg) == 5 and seg.response_ids[-1] == 3 and seg.response_ids[1:2].tolist() == [2**31 - 1]
+
+
+@pytest.mark.parametrize("delta", [
+    TurnDelta(record=rec(0), env_ids=[2**31], gen_ids=[1], gen_logprobs=[0.0]),
+    TurnDelta(record=rec(0), gen_ids=[-(2**31) - 1], gen_logprobs=[0.0]),
+    TurnDelta(record=rec(0), gen_ids=np.array([2**40]), gen_logprobs=[0.0]),
+    TurnDelta(record=rec(0), gen_ids=np.array([1.5]), gen_logprobs=[0.0]),
+    TurnDelta(record=rec(0), gen_ids=["7"], gen_logprobs=[0.0]),
+    TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=["x"]),
+    TurnDelta(record=rec(1), gen_ids=[1], gen_logprobs=[0.0], new_segment=SegmentHeader("side", False, "k", [2**32])),
+])
+def test_ids_outside_int32_or_non_numbers_are_rejected_before_any_change(delta):
+    t = Trajectory("s")
+    t.apply(opening(0, [1, 2], [3]))
+    before = Trajectory.from_bytes(t.to_bytes())
+    with pytest.raises(TrajectoryError):
+        t.apply(delta)
+    same(t, before)
 
 
 @pytest.mark.parametrize("bad", [
@@ -153,7 +189,7 @@ def test_roundtrip_is_exact_and_compact():
     t = build()
     payload = t.to_bytes()
     same(Trajectory.from_bytes(payload), t)
-    with np.load(__import__("io").BytesIO(payload)) as z:
+    with np.load(io.BytesIO(payload)) as z:
         assert z["s0.response_logprobs"].dtype == np.float32 and z["s0.response_ids"].dtype == np.int32
         assert z["s0.response_mask"].dtype == np.uint8 and z["s0.experts"].dtype == np.uint8
 
@@ -185,7 +221,7 @@ def test_delta_carries_only_new_tokens():
     t = build()
     m = t.mark()
     t.apply(extending(1, [5], [6]))
-    with np.load(__import__("io").BytesIO(t.delta_since(m))) as z:
+    with np.load(io.BytesIO(t.delta_since(m))) as z:
         assert sorted(z.files) == ["meta", "s1.response_ids", "s1.response_logprobs", "s1.response_mask"]
         assert z["s1.response_ids"].tolist() == [5, 6]
 
@@ -225,6 +261,62 @@ def test_gaps_and_foreign_payloads_are_detected():
     t.metadata["bad"] = object()
     with pytest.raises(TrajectoryError, match="JSON"):
         t.to_bytes()
+
+
+FORMAT1 = Path(__file__).parent / "fixtures" / "trajectory_format1"
+
+
+def format1_steps() -> list[TurnDelta]:
+    """The turns behind FORMAT1's payloads, written by the list-backed Segment (commit e9c0a93):
+    delta{i}.npz = delta after turn i (metadata["turn"] = i), full.npz = to_bytes() after a
+    final note_overlong(). Ids include a real vocabulary's largest ones (151643, 151668)."""
+    return [
+        TurnDelta(record=rec(0, tool_calls=1, replica="r0", latency_s=0.5), gen_ids=[4, 151643],
+                  gen_logprobs=[-0.1, -2.5e-7], new_segment=SegmentHeader("main", False, "key-main", [1, 2, 3]),
+                  routed_experts=experts(4, 1), policy_version=2),
+        TurnDelta(record=rec(1), gen_ids=[8], gen_logprobs=[-1.25],
+                  new_segment=SegmentHeader("side", True, "key-side", [9, 9])),
+        TurnDelta(record=rec(0, parse_failures=1), env_ids=[6, 151668], gen_ids=[7, 2], gen_logprobs=[-0.3333, -17.0],
+                  routed_experts=experts(8, 300), policy_version=3, policy_version_end=4),
+        TurnDelta(record=rec(1, finish="length", overlong=True), env_ids=[5], gen_ids=[6], gen_logprobs=[-3.0e-3]),
+    ]
+
+
+def npz_entries(payload: bytes) -> dict[str, tuple[str, bytes]]:
+    with np.load(io.BytesIO(payload)) as z:
+        return {k: (z[k].dtype.str, z[k].tobytes()) for k in z.files}
+
+
+def test_payloads_written_by_the_list_backed_segment_still_load_and_are_reproduced_exactly():
+    t = Trajectory("sess-fmt1", metadata={"task": "hello", "attempt": 1})
+    deltas, mark = [], Mark.EMPTY
+    for i, step in enumerate(format1_steps()):
+        t.apply(step)
+        t.metadata["turn"] = i
+        stored = (FORMAT1 / f"delta{i}.npz").read_bytes()
+        assert npz_entries(t.delta_since(mark)) == npz_entries(stored)  # same arrays, dtypes, meta
+        deltas.append(stored)
+        mark = t.mark()
+    same(Trajectory.from_checkpoints(deltas), t)
+    t.note_overlong()
+    full = (FORMAT1 / "full.npz").read_bytes()
+    assert npz_entries(t.to_bytes()) == npz_entries(full)
+    loaded = Trajectory.from_bytes(full)
+    same(loaded, t)
+    assert loaded.segments[0].response_ids.tolist() == [4, 151643, 6, 151668, 7, 2]
+    assert loaded.segments[0].response_logprobs.tolist()[-1] == -17.0
+    assert loaded.segments[0].routed_experts.dtype == np.int16
+
+
+def test_checkpoint_is_staged_on_copies_of_the_token_arrays():
+    base = build()
+    m = base.mark()
+    base.apply(extending(0, [1], [2], experts=experts(9, 4)))
+    r = Trajectory.from_bytes(build().to_bytes())
+    held = r.segments[0].response_ids  # e.g. a reader still holding the pre-checkpoint state
+    r.apply_checkpoint(base.delta_since(m))
+    same(r, base)
+    assert held.tolist() == [4, 5, 6, 7, 2] and r.segments[0].response_ids.tolist() == [4, 5, 6, 7, 2, 1, 2]
 
 
 _turn = st.tuples(

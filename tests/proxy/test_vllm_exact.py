@@ -53,10 +53,10 @@ def _check_exact(srv, session_id, raw):
         assert choice["token_ids"] == gen and len(gen) == rec.completion_tokens
         start = rec.prompt_tokens - len(seg.prompt_ids)  # this turn's offset in response_ids
         expected = np.asarray(choice["logprobs"]["token_logprobs"], dtype=np.float32).tolist()
-        assert seg.response_logprobs[start: start + len(gen)] == expected
+        assert seg.response_logprobs[start: start + len(gen)].tolist() == expected
         # The environment tokens before this turn are mask 0, the generated ones mask 1.
-        assert seg.response_mask[start - rec.env_tokens_added: start] == [0] * rec.env_tokens_added
-        assert seg.response_mask[start: start + len(gen)] == [1] * len(gen)
+        assert seg.response_mask[start - rec.env_tokens_added: start].tolist() == [0] * rec.env_tokens_added
+        assert seg.response_mask[start: start + len(gen)].tolist() == [1] * len(gen)
         if prev_full is not None:
             assert prompt[: len(prev_full)] == prev_full  # turn N+1 extends turn N's full sequence
         prev_full = prompt + gen

@@ -29,7 +29,7 @@ def test_main_segment_is_copied_token_exact():
     assert p.response_ids == [1, 2, 3, 50, 51, 52, 53, 4, 5]
     assert p.response_mask == [1, 1, 1, 0, 0, 0, 0, 1, 1]
     seg = traj.segments[0]
-    assert p.response_logprobs == seg.response_logprobs
+    assert p.response_logprobs == seg.response_logprobs.tolist()
     assert p.response_logprobs[3:7] == [0.0] * 4
     assert (p.policy_version_min, p.policy_version_max) == (4, 5)
     assert not p.overlong and p.prompt_spill == 0 and p.kind == "main" and p.segment == 0
@@ -61,7 +61,7 @@ def test_long_prompt_spills_into_response_as_environment_tokens():
     assert p.prompt_ids == PROMPT[:6]
     assert p.prompt_ids + p.response_ids == traj.segments[0].full_ids  # the model input is unchanged
     assert p.response_mask[:4] == [0] * 4 and p.response_logprobs[:4] == [0.0] * 4
-    assert p.response_mask[4:] == traj.segments[0].response_mask
+    assert p.response_mask[4:] == traj.segments[0].response_mask.tolist()
 
 
 def test_spill_then_cut_keeps_the_sequence_a_prefix():

@@ -155,10 +155,11 @@ def _primary_index(segments: list[Segment]) -> int | None:
 
 
 def _sample(seg: Segment, index: int, kind: str, config: ConvertConfig, masked: bool) -> LoopSample:
-    prompt = list(seg.prompt_ids)
-    response = list(seg.response_ids)
-    mask = list(seg.response_mask)
-    logprobs = [float(x) for x in seg.response_logprobs]
+    # The segment holds typed arrays (proxy.trajectory); verl's AgentLoopOutput wants lists.
+    prompt = seg.prompt_ids.tolist()
+    response = seg.response_ids.tolist()
+    mask = seg.response_mask.tolist()
+    logprobs = seg.response_logprobs.tolist()
     if not (len(response) == len(mask) == len(logprobs)):
         raise ConversionError(
             f"segment {index}: {len(response)} response ids, {len(mask)} mask, {len(logprobs)} logprobs")
