@@ -43,6 +43,7 @@ from activities.sandbox import SandboxActivities
 from activities.scaffold import ScaffoldActivities
 from activities.store import StoreActivities
 from activities.verify import VerifyActivities
+from proxy import eventloop
 from trialflow.batch import connect
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox import DockerBackend
@@ -273,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    asyncio.run(serve(parse_args(argv)))
+    eventloop.run(serve(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -253,7 +253,10 @@ def main() -> None:
         asyncio.run(serve_backend(args.delay_ms / 1e3, args.reply_tokens))
         return
     if args.serve_proxy:
-        asyncio.run(serve_proxy(args.serve_proxy, args.profile_proxy))
+        # the loop `trialflow proxy` and the worker run on (TRIALFLOW_EVENT_LOOP picks it)
+        from proxy import eventloop
+
+        eventloop.run(serve_proxy(args.serve_proxy, args.profile_proxy))
         return
     procs = []
     try:
@@ -271,7 +274,9 @@ def main() -> None:
                "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(),
                "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                "delay_ms": args.delay_ms, "reply_tokens": args.reply_tokens,
-               "system_tokens": args.system_tokens, "rounds": args.rounds, "results": results}
+               "system_tokens": args.system_tokens, "rounds": args.rounds,
+               "proxy_event_loop": os.environ.get("TRIALFLOW_EVENT_LOOP") or "default (uvloop if installed)",
+               "results": results}
         print(json.dumps(out, indent=2))
     finally:
         for p in reversed(procs):  # proxy first: it may be writing a profile

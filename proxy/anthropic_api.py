@@ -57,6 +57,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from proxy import jsonio
 from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome
 from proxy.errors import BackendError, InvalidRequest, ProtocolError, ProxyError
 from proxy.wire import WireModel, generic, note_unused, pieces, validate
@@ -445,7 +446,7 @@ def ping_event() -> tuple[str, dict[str, Any]]:
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+    return b"event: " + event.encode() + b"\ndata: " + jsonio.dumps(data) + b"\n\n"
 
 
 def models_response(names: list[str]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from proxy import jsonio
 from proxy.chat import FinishReason, Generation, SamplingParams
 from proxy.errors import BackendError, BackendHTTPError, ReplicaUnavailable
 
@@ -52,6 +53,8 @@ def is_retryable(exc: BackendError) -> bool:
     if isinstance(exc, ReplicaUnavailable):
         return True
     return isinstance(exc, BackendHTTPError) and exc.upstream_status >= 500
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -129,7 +132,7 @@ def parse_completion(payload: Any, req: CompletionRequest, replica: str = "") ->
         token_logprobs = lp.get("token_logprobs") if token_ids else []
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise BackendProtocolError(f"malformed completion response: {exc!r}") from exc
-    if prompt_ids is not None and list(prompt_ids) != list(req.prompt_ids):
+    if prompt_ids is not None and prompt_ids != req.prompt_ids and list(prompt_ids) != list(req.prompt_ids):
         raise BackendProtocolError(
             f"backend echoed a different prompt ({len(prompt_ids)} ids) than sent ({len(req.prompt_ids)} ids)"
         )
@@ -139,7 +142,7 @@ def parse_completion(payload: Any, req: CompletionRequest, replica: str = "") ->
         raise BackendProtocolError("logprobs missing or not one per generated token")
     experts = choice.get("routed_experts")
     return Generation(
-        prompt_token_ids=list(req.prompt_ids),
+        prompt_token_ids=req.prompt_ids,
         token_ids=token_ids,
         logprobs=[float(v) for v in token_logprobs],
         finish_reason=_FINISH_REASONS[raw_reason],
@@ -197,16 +200,18 @@ class VLLMClient:
         """One generation. Raises ``ReplicaUnavailable`` / ``BackendHTTPError`` /
         ``BackendProtocolError`` as described in the module docstring."""
         try:
-            async with self._session().post(f"{self.url}/v1/completions", json=build_body(req)) as resp:
-                text = await resp.text()
+            async with self._session().post(
+                f"{self.url}/v1/completions", data=jsonio.dumps(build_body(req)), headers=_JSON_HEADERS
+            ) as resp:
+                raw = await resp.read()
                 status = resp.status
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             raise ReplicaUnavailable(f"{self.url}: {type(exc).__name__}: {exc}", replica=self.url) from exc
         if status >= 400:
-            raise BackendHTTPError(status, _error_message(text), replica=self.url)
+            raise BackendHTTPError(status, _error_message(raw.decode(errors="replace")), replica=self.url)
         try:
-            payload = json.loads(text)
-        except ValueError as exc:
+            payload = jsonio.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
             raise BackendProtocolError(f"{self.url}: response is not JSON", replica=self.url) from exc
         if self._on_response is not None:
             self._on_response(payload)

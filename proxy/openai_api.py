@@ -49,6 +49,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from proxy import jsonio
 from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome
 from proxy.errors import BackendError, ContextExhausted, InvalidRequest, ProtocolError, ProxyError
 from proxy.wire import WireModel, generic, note_unused, pieces, validate
@@ -351,7 +352,7 @@ def stream_chunks(
 
 
 def sse_chunk(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + jsonio.dumps(chunk) + b"\n\n"
 
 
 def models_response(names: list[str]) -> dict[str, Any]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -47,7 +46,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import anthropic_api, openai_api
+from proxy import anthropic_api, jsonio, openai_api
 from proxy.chat import ChatRequest, TurnOutcome
 from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError
 from proxy.pool import ReplicaPool
@@ -228,7 +227,7 @@ class ProxyServer:
         except (TypeError, ValueError) as exc:
             return _mgmt_error(InvalidRequest(str(exc)))
         handle = self.open_session(config)
-        return web.json_response(
+        return _json_response(
             {"session_id": handle.session_id, "anthropic_base_url": handle.anthropic_base_url,
              "openai_base_url": handle.openai_base_url}
         )
@@ -241,11 +240,11 @@ class ProxyServer:
                 raise InvalidRequest('body must be {"version": <int>}')
         except ProxyError as exc:
             return _mgmt_error(exc)
-        return web.json_response({"version": version, "sessions": self.set_policy_version(version)})
+        return _json_response({"version": version, "sessions": self.set_policy_version(version)})
 
     async def _stats(self, request: web.Request) -> web.Response:
         try:
-            return web.json_response(self.session_stats(request.match_info["sid"]))
+            return _json_response(self.session_stats(request.match_info["sid"]))
         except ProxyError as exc:
             return _mgmt_error(exc)
 
@@ -255,7 +254,7 @@ class ProxyServer:
         except ProxyError as exc:
             return _mgmt_error(exc)
         if request.query.get("format") == "json":
-            return web.json_response(Session.summary(trajectory))
+            return _json_response(Session.summary(trajectory))
         return web.Response(body=trajectory.to_bytes(), content_type="application/octet-stream")
 
     # -- protocol handlers ----------------------------------------------------------------
@@ -296,7 +295,7 @@ class ProxyServer:
             n = session.count_tokens(chat)
         except ProxyError as exc:
             return _error(anthropic_api.render_error(exc))
-        return web.json_response(anthropic_api.count_tokens_response(n))
+        return _json_response(anthropic_api.count_tokens_response(n))
 
     async def _openai_chat(self, request: web.Request) -> web.StreamResponse:
         render = openai_api.render_error
@@ -336,7 +335,7 @@ class ProxyServer:
             return _error((anthropic_api if anthropic else openai_api).render_error(exc))
         names = [session.config.model]
         api = anthropic_api if anthropic else openai_api
-        return web.json_response(api.models_response(names))
+        return _json_response(api.models_response(names))
 
     async def _unknown_route(self, request: web.Request) -> web.Response:
         api = anthropic_api if "anthropic-version" in request.headers else openai_api
@@ -369,7 +368,7 @@ class ProxyServer:
             except Exception as exc:  # noqa: BLE001 - rendered in the protocol's shape
                 return _error(render_error(exc), log_unexpected=not isinstance(exc, ProxyError))
             if not chat.stream:
-                return web.json_response(render_json(outcome))
+                return _json_response(render_json(outcome))
             return await _stream(request, render_stream(outcome))
         resp = await _start_stream(request)
         try:
@@ -383,8 +382,7 @@ class ProxyServer:
                     log.exception("turn failed unexpectedly")
                 await resp.write(stream_error(exc))
                 return resp
-            for piece in render_stream(outcome):
-                await resp.write(piece)
+            await resp.write(b"".join(render_stream(outcome)))
         except ConnectionResetError:
             log.info("session %s: client went away during a streamed turn (the turn is still recorded)", session.id)
         return resp
@@ -397,10 +395,14 @@ async def _start_stream(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream(request: web.Request, body: Iterable[bytes]) -> web.StreamResponse:
+    """A finished turn's whole event stream, in one write (one syscall, not one per event)."""
     resp = await _start_stream(request)
-    for piece in body:
-        await resp.write(piece)
+    await resp.write(b"".join(body))
     return resp
+
+
+def _json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=jsonio.dumps(body), status=status, content_type="application/json")
 
 
 async def _read_json(request: web.Request, limit: int) -> Any:
@@ -412,7 +414,7 @@ async def _read_json(request: web.Request, limit: int) -> Any:
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(exc.actual_size or limit + 1, limit) from None
     try:
-        return json.loads(raw)
+        return jsonio.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 
@@ -421,9 +423,9 @@ def _error(rendered: tuple[int, dict[str, Any]], log_unexpected: bool = False) -
     status, body = rendered
     if log_unexpected or status >= 500:
         log.warning("answering %d: %s", status, body)
-    return web.json_response(body, status=status)
+    return _json_response(body, status=status)
 
 
 def _mgmt_error(exc: ProxyError) -> web.Response:
-    return web.json_response({"error": {"type": type(exc).__name__, "message": exc.message}}, status=exc.status)
+    return _json_response({"error": {"type": type(exc).__name__, "message": exc.message}}, status=exc.status)
 

@@ -198,6 +198,7 @@ class ConversationTracker:
             raise ValueError(f"main_thread must be 'first' or 'first_with_tools', not {main_thread!r}")
         self.main_thread = main_thread
         self.tokenizer = tokenizer
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.trajectory = trajectory if trajectory is not None else Trajectory(session_id=session_id)
         self.template_kwargs = dict(template_kwargs or {})
         self.eos_text: str = tokenizer.eos_token
@@ -221,6 +222,12 @@ class ConversationTracker:
             messages, tools=tools or None, tokenize=False, add_generation_prompt=generation, **kwargs)
 
     def _encode(self, text: str) -> list[int]:
+        # The Rust tokenizer directly when there is one: transformers' encode wraps it in a
+        # batch call plus Python bookkeeping that costs ~0.1 ms per turn; the ids are the same
+        # (tests/proxy/test_tokenization.py checks it).
+        backend = self._backend
+        if backend is not None:
+            return backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     # ------------------------------------------------------------------ prepare

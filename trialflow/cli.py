@@ -389,6 +389,7 @@ def worker(
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (then drain)."""
     import worker_main
+    from proxy import eventloop
 
     settings = _settings(
         temporal=temporal,
@@ -400,7 +401,7 @@ def worker(
         metrics_port=metrics_port,
     )
     _ensure_search_attributes(settings)
-    asyncio.run(worker_main.serve(settings))
+    eventloop.run(worker_main.serve(settings))
 
 
 @app.command()
@@ -411,6 +412,7 @@ def proxy(
     port: int = 8100,
 ) -> None:
     """Run the proxy standalone (management API + protocol routes) until interrupted."""
+    from proxy import eventloop
     from proxy.server import ProxyServer
 
     server = ProxyServer(
@@ -418,7 +420,7 @@ def proxy(
     )
     console.print(f"proxy on http://{host}:{port}  (POST /sessions to open a session)")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(server.serve())
+        eventloop.run(server.serve())
 
 
 def _start_infra(replicas: Sequence[str]):

@@ -419,3 +419,12 @@ def test_first_with_tools_rule_makes_the_agent_main_after_a_title_call(tok):
     assert [s.kind for s in default.trajectory.segments] == ["main", "side"]
     with pytest.raises(ValueError):
         ConversationTracker(tok, main_thread="longest")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200)
+       | st.lists(st.sampled_from(["<|im_start|>", "<|im_end|>", "<think>", "</think>", "user\n", " x", "\n\n",
+                                   "<tool_call>", "é", "{\"a\": 1}", "  "]), max_size=12).map("".join))
+def test_tracker_encodes_exactly_like_the_hf_tokenizer(tok, text):
+    """The tracker calls the Rust tokenizer directly for speed; the ids must not change."""
+    assert ConversationTracker(tok)._encode(text) == tok.encode(text, add_special_tokens=False)

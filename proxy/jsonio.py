@@ -1,0 +1,38 @@
+"""JSON on the proxy's hot path: orjson (Rust) with the stdlib as the fallback. Pure.
+
+Every turn decodes the client's whole history and the backend's reply (thousands of token
+ids) and encodes the prompt ids and the answer; with the stdlib that was about 0.9 ms of the
+proxy's ~5 ms per turn. orjson does the same in a tenth of the time.
+
+Behaviour is the stdlib's where orjson is stricter:
+- ``loads`` falls back to ``json.loads`` for what orjson refuses but the stdlib accepts
+  (integers beyond 64 bits, ``NaN``/``Infinity`` literals), so such bodies fail or pass the
+  same way as before (the wire models reject NaN themselves). Invalid JSON raises
+  ``ValueError`` (``json.JSONDecodeError``) either way; invalid UTF-8 raises ``ValueError``
+  or ``UnicodeDecodeError``.
+- ``dumps`` falls back to ``json.dumps`` for what orjson cannot encode (integers beyond
+  64 bits, non-string dict keys), e.g. tool-call arguments the model wrote. Output is
+  compact UTF-8 (no ASCII escaping) either way. NaN/infinity encode as ``null`` (orjson);
+  nothing the proxy sends carries them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+
+def loads(data: bytes | str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def dumps(obj: Any) -> bytes:
+    try:
+        return orjson.dumps(obj)
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()

@@ -1,0 +1,30 @@
+"""proxy.jsonio: orjson speed with the stdlib's acceptance rules."""
+
+import json
+
+import pytest
+
+from proxy import jsonio
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, 2.5, "x", null, true]}', '"caf\\u00e9"', '[]', '{"n": -0.0}'])
+def test_loads_matches_the_stdlib(text):
+    assert jsonio.loads(text.encode()) == json.loads(text)
+
+
+def test_loads_takes_what_only_the_stdlib_accepts():
+    big = 2**70
+    assert jsonio.loads(f'{{"id": {big}}}'.encode()) == {"id": big}
+    assert json.dumps(jsonio.loads(b"[NaN]")) == "[NaN]"
+
+
+@pytest.mark.parametrize("bad", [b"{", b"", b'{"a": 1,}', b"\xff\xfe"])
+def test_loads_rejects_invalid_json_with_a_value_error(bad):
+    with pytest.raises((ValueError, UnicodeDecodeError)):
+        jsonio.loads(bad)
+
+
+def test_dumps_is_compact_utf8_and_falls_back_for_big_ints_and_int_keys():
+    assert jsonio.dumps({"a": "é", "b": [1, 2]}) == '{"a":"é","b":[1,2]}'.encode()
+    assert json.loads(jsonio.dumps({"id": 2**70})) == {"id": 2**70}
+    assert json.loads(jsonio.dumps({1: "x"})) == {"1": "x"}
