@@ -17,7 +17,16 @@ machine's load hits both alike:
   (pre-computed with the same tokenizer + chat template, outside the timed region);
 - ``openai``: ``POST {openai_base_url}/chat/completions``, non-streaming, full history;
 - ``anthropic-stream``: ``POST {anthropic_base_url}/v1/messages`` with ``stream: true``,
-  timed until the last byte of the event stream.
+  timed until the last byte of the event stream;
+- ``relay`` (a floor, not the proxy): the ``direct`` body sent to a bare relay in the proxy's
+  process (same event loop, JSON library and aiohttp client as the proxy; no sessions, no
+  tokenization) that forwards it to the backend and returns the reply re-encoded. What the
+  proxy adds beyond ``relay`` is its own per-turn work; ``relay`` itself is the price of any
+  HTTP hop in Python on this machine.
+
+The JSON also reports ``cpu_wake``: a fixed pure-Python loop timed right after 50 ms of sleep
+vs back to back. On a VM whose vCPU slows down while idle, a single session's turns run on a
+slow CPU (the proxy idles during every generation), so the 1-session numbers carry that factor.
 
 A turn's latency is request sent -> full response read, on the client. Reported per
 concurrency: p50/p90/p99 per mode, added ms (proxy p50 - direct p50, and the same at
@@ -26,7 +35,7 @@ process and the backend process spent per turn in each mode (from /proc; on a lo
 this is steadier than wall-clock latency, which includes waiting for a core).
 
     .venv/bin/python bench/proxy_overhead.py [--concurrency 1 64] [--turns 8] [--rounds 3] [--min-turns 200]
-        [--delay-ms 50] [--reply-tokens 200] [--modes openai anthropic-stream] [--profile-proxy FILE]
+        [--delay-ms 50] [--reply-tokens 200] [--modes relay openai anthropic-stream] [--profile-proxy FILE]
 """
 
 from __future__ import annotations
@@ -87,18 +96,72 @@ async def serve_proxy(backend_url: str, profile: str | None) -> None:
     tok = build_tokenizer(TOKENIZER_DIR)
     server = ProxyServer(tokenizer=tok, replicas=[backend_url])
     await server.start()
+    relay_url, relay_stop = await start_relay(backend_url)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     # CPU-time timer: on a loaded machine wall time inside a call includes waiting for a core.
     profiler = cProfile.Profile(time.process_time) if profile else None
     if profiler is not None:
         profiler.enable()
-    print(json.dumps({"url": server.base_url, "pid": os.getpid()}), flush=True)
+    print(json.dumps({"url": server.base_url, "relay_url": relay_url, "pid": os.getpid()}), flush=True)
     await stop.wait()
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(profile)
+    await relay_stop()
     await server.stop()
+
+
+async def start_relay(backend_url: str):
+    """The ``relay`` mode's server: decode the body, forward it, decode the reply, encode it
+    back; nothing else. Returns (url, stop coroutine function)."""
+    from aiohttp import web
+
+    from proxy import jsonio
+
+    http = aiohttp.ClientSession()
+    headers = {"Content-Type": "application/json"}
+
+    async def relay(request: web.Request) -> web.Response:
+        body = jsonio.loads(await request.read())
+        async with http.post(f"{backend_url}/v1/completions", data=jsonio.dumps(body), headers=headers) as r:
+            payload = jsonio.loads(await r.read())
+        return web.Response(body=jsonio.dumps(payload), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", relay)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop() -> None:
+        await runner.cleanup()
+        await http.close()
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def cpu_wake(samples: int = 40) -> dict:
+    """Median time of a fixed pure-Python loop right after 50 ms of sleep vs back to back."""
+    def work() -> None:
+        total = 0
+        for i in range(3000):
+            total += i * i
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        work()
+        return time.perf_counter() - t0
+
+    busy = [timed() for _ in range(10 * samples)][-samples:]  # after ~1 s busy: full speed
+    after_idle = []
+    for _ in range(samples):
+        time.sleep(0.05)
+        after_idle.append(timed())
+    b, a = sorted(busy)[samples // 2], sorted(after_idle)[samples // 2]
+    return {"busy_ms": round(b * 1e3, 3), "after_50ms_idle_ms": round(a * 1e3, 3), "ratio": round(a / b, 2)}
 
 
 def spawn(*args: str) -> tuple[subprocess.Popen, dict]:
@@ -135,19 +198,19 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def run_round(mode: str, convs: list[Conversation], prompts: list[list[list[int]]], backend: str,
-                    proxy: str, max_tokens: int, http: aiohttp.ClientSession) -> list[float]:
+                    proxy: str, relay: str, max_tokens: int, http: aiohttp.ClientSession) -> list[float]:
     lat: list[float] = []
 
     async def one_session(i: int) -> None:
         conv = convs[i]
         base = None
-        if mode != "direct":
+        if mode not in ("direct", "relay"):
             async with http.post(f"{proxy}/sessions", json={}) as r:
                 handle = await r.json()
             base = handle["openai_base_url"] if mode == "openai" else handle["anthropic_base_url"]
         for t in range(len(conv.users)):
-            if mode == "direct":
-                url, body = f"{backend}/v1/completions", {
+            if mode in ("direct", "relay"):
+                url, body = f"{backend if mode == 'direct' else relay}/v1/completions", {
                     "model": "default", "prompt": prompts[i][t], "max_tokens": max_tokens, "temperature": 1.0,
                     "top_p": 1.0, "logprobs": 1, "return_token_ids": True, "skip_special_tokens": False,
                     "include_stop_str_in_output": True, "stream": False}
@@ -169,7 +232,7 @@ async def run_round(mode: str, convs: list[Conversation], prompts: list[list[lis
                 got = json.loads(data)["choices"][0]["message"]["content"]
                 if got != conv.reply:
                     raise RuntimeError(f"openai reply differs from the backend's text: {got[:80]!r}")
-        if mode != "direct":
+        if mode not in ("direct", "relay"):
             async with http.post(f"{proxy}/sessions/{handle['session_id']}/close?format=json") as r:
                 summary = await r.json()
             segments = summary.get("segments")
@@ -190,7 +253,7 @@ def summarise(lat: list[float]) -> dict:
     return {"n": len(lat), **{f"p{q}": round(pct(lat, q / 100) * 1e3, 2) for q in (50, 90, 99)}}
 
 
-async def load(args: argparse.Namespace, backend: str, proxy: str, pids: dict[str, int]) -> dict:
+async def load(args: argparse.Namespace, backend: str, proxy: str, relay: str, pids: dict[str, int]) -> dict:
     sys.path.insert(0, str(REPO))
     from trialflow.tinymodel import build_tokenizer
 
@@ -204,14 +267,14 @@ async def load(args: argparse.Namespace, backend: str, proxy: str, pids: dict[st
             prompts = [[tok.apply_chat_template(c.messages(t), add_generation_prompt=True, tokenize=True)
                         for t in range(args.turns)] for c in convs]
             prompts = [[list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in ps] for ps in prompts]
-            await run_round("direct", convs[:1], prompts, backend, proxy, args.max_tokens, http)  # warm-up
+            await run_round("direct", convs[:1], prompts, backend, proxy, relay, args.max_tokens, http)  # warm-up
             lat: dict[str, list[float]] = {m: [] for m in ["direct", *args.modes]}
             cpu = {m: {"proxy": 0.0, "backend": 0.0} for m in lat}
             rounds = max(args.rounds, -(-args.min_turns // (conc * args.turns)))
             for _ in range(rounds):
                 for mode in lat:
                     before = {k: cpu_s(pid) for k, pid in pids.items()}
-                    lat[mode] += await run_round(mode, convs, prompts, backend, proxy, args.max_tokens, http)
+                    lat[mode] += await run_round(mode, convs, prompts, backend, proxy, relay, args.max_tokens, http)
                     for k, pid in pids.items():
                         cpu[mode][k] += cpu_s(pid) - before[k]
             row: dict = {"sessions": conc, "turns_per_session": args.turns,
@@ -244,8 +307,8 @@ def main() -> None:
     ap.add_argument("--reply-tokens", type=int, default=200)
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--max-tokens", type=int, default=400)
-    ap.add_argument("--modes", nargs="+", default=["openai", "anthropic-stream"],
-                    choices=["openai", "anthropic-stream"])
+    ap.add_argument("--modes", nargs="+", default=["relay", "openai", "anthropic-stream"],
+                    choices=["relay", "openai", "anthropic-stream"])
     ap.add_argument("--profile-proxy", metavar="FILE",
                     help="cProfile the proxy process; pstats written to FILE at the end")
     args = ap.parse_args()
@@ -268,7 +331,8 @@ def main() -> None:
         procs.append(proxy_proc)
         load_before = os.getloadavg()
         started = time.time()
-        results = asyncio.run(load(args, backend["url"], proxy["url"],
+        wake = cpu_wake()
+        results = asyncio.run(load(args, backend["url"], proxy["url"], proxy["relay_url"],
                                    {"proxy": proxy["pid"], "backend": backend["pid"]}))
         out = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
                "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(),
@@ -276,7 +340,7 @@ def main() -> None:
                "delay_ms": args.delay_ms, "reply_tokens": args.reply_tokens,
                "system_tokens": args.system_tokens, "rounds": args.rounds,
                "proxy_event_loop": os.environ.get("TRIALFLOW_EVENT_LOOP") or "default (uvloop if installed)",
-               "results": results}
+               "cpu_wake": wake, "results": results}
         print(json.dumps(out, indent=2))
     finally:
         for p in reversed(procs):  # proxy first: it may be writing a profile
