@@ -10,6 +10,13 @@ Management (no auth: bind it to a private interface; the worker uses it in-proce
     POST /policy_version         {version: int} -> {version, sessions}: a weight sync; every open
                                  session records the new weights version (a turn running across
                                  the change records both ends in its segment's range)
+    GET  /replicas               -> {replicas: [{url, up, in_flight, served, failures, max_model_len}]}
+                                 (the server's default pool)
+    POST /replicas               {add?: [url], remove?: [url]} -> the same listing: replicas joining
+                                 or leaving (elastic rollout servers). Adding a known url and
+                                 removing an unknown one are no-ops; a removed replica finishes its
+                                 in-flight turns, and sessions stuck to it move on their next turn.
+                                 Urls must be http(s)://host[:port] (400 otherwise; nothing changes).
 
 Protocol routes, under ``/s/{id}/{secret}/v1/``: ``messages`` (``?beta=true`` accepted),
 ``messages/count_tokens``, ``chat/completions``, ``models``. The secret (``secrets.
@@ -43,6 +50,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -209,6 +217,8 @@ class ProxyServer:
         r.add_get("/sessions/{sid}", self._stats)
         r.add_post("/sessions/{sid}/close", self._close)
         r.add_post("/policy_version", self._policy_version)
+        r.add_get("/replicas", self._replicas)
+        r.add_post("/replicas", self._change_replicas)
         base = "/s/{sid}/{secret}/v1"
         r.add_post(f"{base}/messages", self._anthropic_messages)
         r.add_post(f"{base}/messages/count_tokens", self._anthropic_count_tokens)
@@ -241,6 +251,29 @@ class ProxyServer:
         except ProxyError as exc:
             return _mgmt_error(exc)
         return _json_response({"version": version, "sessions": self.set_policy_version(version)})
+
+    async def _replicas(self, request: web.Request) -> web.Response:
+        return _json_response(self.replica_listing())
+
+    async def _change_replicas(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request, self.max_body_bytes)
+            add, remove = _replica_changes(body)
+        except ProxyError as exc:
+            return _mgmt_error(exc)
+        for url in add:
+            self.pool.add_replica(url)
+        for url in remove:
+            self.pool.remove_replica(url)
+        if add or remove:
+            log.info("replicas changed: +%s -%s", add, remove)
+        return _json_response(self.replica_listing())
+
+    def replica_listing(self) -> dict[str, Any]:
+        return {"replicas": [
+            {"url": r.url, "up": r.up, "in_flight": r.in_flight, "served": r.served,
+             "failures": r.failures, "max_model_len": r.max_model_len}
+            for r in self.pool.replicas]}
 
     async def _stats(self, request: web.Request) -> web.Response:
         try:
@@ -399,6 +432,25 @@ async def _stream(request: web.Request, body: Iterable[bytes]) -> web.StreamResp
     resp = await _start_stream(request)
     await resp.write(b"".join(body))
     return resp
+
+
+def _replica_changes(body: Any) -> tuple[list[str], list[str]]:
+    """(urls to add, urls to remove) from a ``POST /replicas`` body; ``InvalidRequest`` if any
+    part is malformed, so a bad body changes nothing."""
+    if not isinstance(body, dict) or not body or set(body) - {"add", "remove"}:
+        raise InvalidRequest('body must be {"add": [url, ...], "remove": [url, ...]} (either or both)')
+    out: list[list[str]] = []
+    for key in ("add", "remove"):
+        urls = body.get(key, [])
+        if not isinstance(urls, list):
+            raise InvalidRequest(f"{key} must be a list of urls", param=key)
+        for url in urls:
+            parsed = urlsplit(url) if isinstance(url, str) else None
+            if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname \
+                    or parsed.path.strip("/") or parsed.query:
+                raise InvalidRequest(f"{key}: {url!r} is not an http(s)://host[:port] url", param=key)
+        out.append([u.rstrip("/") for u in urls])
+    return out[0], out[1]
 
 
 def _json_response(body: Any, status: int = 200) -> web.Response:

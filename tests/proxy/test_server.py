@@ -229,3 +229,38 @@ async def test_weight_sync_mid_turn_widens_the_policy_version_range(tok):
         t = await srv.close_session(h.session_id)
     rebuilt = Trajectory.from_bytes(t.to_bytes())
     assert (rebuilt.segments[0].policy_version_min, rebuilt.segments[0].policy_version_max) == (3, 4)
+
+
+async def test_replicas_join_and_leave_over_the_management_api(tok):
+    """A second replica added over HTTP takes new sessions (least loaded); removing the first
+    moves its stuck session over on the next turn; malformed bodies change nothing."""
+    async with ScriptedVLLM(tok) as first, ScriptedVLLM(tok) as second, proxy_server(tok, first.url) as srv:
+        async with aiohttp.ClientSession() as http:
+            mgmt = f"{srv.base_url}/replicas"
+            a = srv.open_session()
+            assert (await http.post(a.openai_base_url + "/chat/completions", json=CHAT)).status == 200
+            r = await http.post(mgmt, json={"add": [second.url + "/"]})
+            listing = (await r.json())["replicas"]
+            assert [x["url"] for x in listing] == [first.url, second.url]
+            assert listing[0]["served"] == 1 and listing[1]["served"] == 0
+            # a busy first replica: the new session goes to the idle second one
+            slow = Reply("slow", delay_s=1.0)
+            first.script.append(slow)
+            b = srv.open_session()
+            busy = asyncio.create_task(http.post(a.openai_base_url + "/chat/completions", json={
+                **CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "ok"},
+                                     {"role": "user", "content": "more"}]}))
+            while not first.requests[1:]:
+                await asyncio.sleep(0.02)
+            assert (await http.post(b.openai_base_url + "/chat/completions", json=CHAT)).status == 200
+            assert len(second.requests) == 1
+            assert (await busy).status == 200
+            for bad in ({}, {"add": "http://x:1"}, {"add": ["ftp://x"]}, {"add": ["http://x:1/v1"]},
+                        {"remove": [3]}, {"drop": []}, [first.url]):
+                assert (await http.post(mgmt, json=bad)).status == 400, bad
+            assert len((await (await http.get(mgmt)).json())["replicas"]) == 2
+            r = await http.post(mgmt, json={"remove": [first.url]})
+            assert [x["url"] for x in (await r.json())["replicas"]] == [second.url]
+            n_first = len(first.requests)
+            assert (await http.post(a.openai_base_url + "/chat/completions", json=CHAT)).status == 200
+            assert len(first.requests) == n_first and len(second.requests) == 2
