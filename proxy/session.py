@@ -26,6 +26,10 @@ Rules and edge cases:
 - Checkpoints: after every committed turn the sink gets ``trajectory.delta_since(mark)``
   with ``seq`` counting successful writes. A failing sink is logged and counted, the mark
   does not move, and the next turn's delta covers both turns: nothing is skipped.
+  The write runs in the background, so the client has its answer without waiting for an
+  S3 PUT; the session's next turn, ``flush_checkpoints()`` and ``close()`` wait for it, so
+  writes never overlap and stay in order. (A crash in that window loses what a crash just
+  before answering would have lost: the last turn, which the scaffold dies with too.)
 - After ``close()`` every request answers ``NotFound``; ``close()`` waits for a running turn.
 """
 
@@ -164,6 +168,7 @@ class Session:
         self.checkpoint_failures = 0
         self._mark = Mark.EMPTY
         self._lock = asyncio.Lock()
+        self._pending_checkpoint: asyncio.Task[None] | None = None
         self._ignored_logged: set[str] = set()
         # Resolve parser names now, so a typo fails at session creation, not mid-trial.
         parse_output("", reasoning=config.reasoning_parser, tools=config.tool_parser)
@@ -199,6 +204,7 @@ class Session:
         async with self._lock:
             if self.closed:
                 raise NotFound("unknown session")
+            await self._wait_checkpoint()
             prepared = self.tracker.prepare(request)
             prompt_len = len(prepared.prompt_ids)
             limit = await self._context_limit()
@@ -239,7 +245,8 @@ class Session:
                 policy_version_end=self.policy_version,
                 # only a turn cut by the context window (not by the client's max_tokens) is overlong
                 context_limited=max_tokens == left))
-            await self._checkpoint()
+            if self.config.checkpoint is not None:
+                self._pending_checkpoint = asyncio.create_task(self._checkpoint())
         finish: FinishReason = "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
         return TurnOutcome(parsed, finish, prompt_len, len(gen.token_ids), stop_sequence=stop_sequence)
 
@@ -249,6 +256,18 @@ class Session:
         if not limits:
             raise ReplicaUnavailable("no replica reports max_model_len and the session sets no max_context_tokens")
         return min(limits)
+
+    async def _wait_checkpoint(self) -> None:
+        """Wait for the background checkpoint write of the last turn, if any (never raises:
+        ``_checkpoint`` handles sink failures itself)."""
+        if self._pending_checkpoint is not None:
+            await asyncio.shield(self._pending_checkpoint)
+            self._pending_checkpoint = None
+
+    async def flush_checkpoints(self) -> None:
+        """Return once every committed turn's checkpoint write has finished (or failed)."""
+        async with self._lock:
+            await self._wait_checkpoint()
 
     async def _checkpoint(self) -> None:
         sink = self.config.checkpoint
@@ -268,6 +287,7 @@ class Session:
         """Wait for a running turn, flush a pending checkpoint, refuse further requests."""
         async with self._lock:
             self.closed = True
+            await self._wait_checkpoint()
             if self._mark != self.trajectory.mark():
                 await self._checkpoint()
         self.pool.forget(self.id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -201,16 +202,47 @@ async def test_checkpoints_after_every_turn_rebuild_the_trajectory(tok, tmp_path
         s = _session(tok, dbl, checkpoint=sink, metadata={"trial_id": "t1"})
         m1 = [SYSTEM, {"role": "user", "content": "list files"}]
         await s.run_turn(_req(m1), new_tool_call_id=_ids())
+        await s.flush_checkpoints()  # writes run in the background (see the next test)
         assert len(mem.payloads["sess"]) == 1
         assert Trajectory.from_checkpoints(mem.payloads["sess"]).to_bytes() == s.trajectory.to_bytes()
         sink.fail_next = True
         await s.run_turn(_req(m1 + [{"role": "user", "content": "again"}]), new_tool_call_id=_ids())
+        await s.flush_checkpoints()
         assert s.checkpoint_failures == 1 and len(mem.payloads["sess"]) == 1
         await s.run_turn(_req(m1 + [{"role": "user", "content": "third"}]), new_tool_call_id=_ids())
+        await s.flush_checkpoints()
     # The delta after the failure covers both turns: nothing is skipped.
     assert len(mem.payloads["sess"]) == 2 and s.trajectory.counters.turns == 3
     rebuilt = Trajectory.from_checkpoints(disk.read_all("sess"))
     assert rebuilt.to_bytes() == s.trajectory.to_bytes() and rebuilt.metadata["trial_id"] == "t1"
+
+
+async def test_a_slow_checkpoint_sink_does_not_delay_the_answer(tok):
+    """The answer comes back while the sink is still writing; the next turn and close() wait
+    for the write, so writes never overlap and every turn is in the checkpoints."""
+    writes: list[tuple[float, float, int]] = []
+
+    class SlowSink:
+        async def write(self, session_id, seq, payload):
+            start = time.monotonic()
+            await asyncio.sleep(0.5)
+            writes.append((start, time.monotonic(), seq))
+            await mem.write(session_id, seq, payload)
+
+    mem = MemorySink()
+    async with ScriptedVLLM(tok, script=[Reply("one"), Reply("two")]) as dbl:
+        s = _session(tok, dbl, checkpoint=SlowSink())
+        m1 = [SYSTEM, {"role": "user", "content": "q"}]
+        t0 = time.monotonic()
+        await s.run_turn(_req(m1), new_tool_call_id=_ids())
+        answered = time.monotonic()
+        assert answered - t0 < 0.5 and not writes  # answered before the write finished
+        await s.run_turn(_req(m1 + [{"role": "assistant", "content": "one"}, {"role": "user", "content": "q2"}]),
+                         new_tool_call_id=_ids())
+        assert len(writes) == 1  # turn 2 waited for turn 1's write
+        t = await s.close()
+    assert [seq for *_, seq in writes] == [0, 1] and writes[1][0] >= writes[0][1]
+    assert Trajectory.from_checkpoints(mem.payloads["sess"]).to_bytes() == t.to_bytes()
 
 
 async def test_closed_session_refuses(tok):
