@@ -16,6 +16,7 @@ Public API:
         .apply_checkpoint(payload: bytes) -> None    apply one delta (must continue this state)
         Trajectory.from_bytes(payload) / Trajectory.from_checkpoints([payload, ...])
     experts_sentinel(dtype) -> int, FORMAT_VERSION
+    IDS_CODE, MASK_CODE, LOGPROBS_CODE   array typecodes of Segment's token arrays ('i', 'b', 'f')
     TrajectoryError (ValueError), CheckpointGapError (TrajectoryError)
 
 Accounting is a fold: ``Trajectory.apply`` mutates the trajectory in memory only (no I/O,
@@ -261,11 +262,13 @@ class Trajectory:
         rec = delta.record
         if len(delta.gen_ids) != len(delta.gen_logprobs):
             raise TrajectoryError(f"{len(delta.gen_ids)} generated ids but {len(delta.gen_logprobs)} logprobs")
-        try:  # typed copies first: an id outside int32 is rejected before anything changes
+        # Typed copies first: an id outside int32 is rejected before anything changes. The
+        # prompt is always copied (the header's array, if it is one, stays the caller's).
+        try:
             env_ids = _typed(IDS_CODE, delta.env_ids)
             gen_ids = _typed(IDS_CODE, delta.gen_ids)
             gen_logprobs = _typed(LOGPROBS_CODE, delta.gen_logprobs)
-            prompt_ids = None if delta.new_segment is None else _typed(IDS_CODE, delta.new_segment.prompt_ids)
+            prompt_ids = None if delta.new_segment is None else array(IDS_CODE, delta.new_segment.prompt_ids)
         except (OverflowError, TypeError) as exc:
             raise TrajectoryError(f"token ids must be int32 and logprobs numbers: {exc}") from exc
         if delta.new_segment is not None:

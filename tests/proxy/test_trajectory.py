@@ -98,6 +98,10 @@ def test_tokens_are_packed_typed_arrays_and_full_ids_a_plain_list():
     full = seg.full_ids
     assert type(full) is list and all(type(x) is int for x in full) and full == [1, 2, 151643, 2**31 - 1, 3]
     full.append(0)  # a fresh list each time: the caller may extend it
+    header_ids = array("i", [7, 8])
+    t.apply(opening(1, header_ids, [9], kind="side"))
+    header_ids.append(0)  # the segment holds its own copy of the header's prompt
+    assert t.segments[1].prompt_ids.tolist() == [7, 8]
     assert len(seg) == 5 and seg.response_ids[-1] == 3 and seg.response_ids[1:2].tolist() == [2**31 - 1]
 
 
