@@ -32,7 +32,8 @@ import asyncio
 import base64
 import io
 import json
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ import numpy as np
 from proxy import jsonio
 from proxy.chat import FinishReason, Generation, SamplingParams
 from proxy.errors import BackendError, BackendHTTPError, ReplicaUnavailable
+from proxy.trajectory import IDS_CODE, same_ids
 
 
 class BackendProtocolError(BackendError):
@@ -61,10 +63,11 @@ _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", 
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """One token-in generation call. ``max_tokens`` is already clamped to the context."""
+    """One token-in generation call. ``max_tokens`` is already clamped to the context.
+    ``prompt_ids``: a list or an int32 ``array`` (the tracker's prompts are arrays)."""
 
     model: str
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
 
@@ -75,7 +78,7 @@ def build_body(req: CompletionRequest) -> dict[str, Any]:
     s = req.sampling
     body: dict[str, Any] = {
         "model": req.model,
-        "prompt": list(req.prompt_ids),
+        "prompt": _json_ids(req.prompt_ids),
         "max_tokens": req.max_tokens,
         "temperature": s.temperature,
         "top_p": s.top_p,
@@ -92,6 +95,14 @@ def build_body(req: CompletionRequest) -> dict[str, Any]:
     if s.stop:
         body["stop"] = list(s.stop)
     return body
+
+
+def _json_ids(ids: Sequence[int]) -> Any:
+    """Token ids in a form ``jsonio.dumps`` encodes as a JSON array: an int32 ``array`` as a
+    numpy view of its buffer (orjson writes it in C, without an int object per id)."""
+    if isinstance(ids, array) and ids.typecode == IDS_CODE:
+        return np.frombuffer(ids, dtype=np.int32) if ids else []
+    return list(ids)
 
 
 def decode_routed_experts(encoded: str) -> np.ndarray:
@@ -132,7 +143,7 @@ def parse_completion(payload: Any, req: CompletionRequest, replica: str = "") ->
         token_logprobs = lp.get("token_logprobs") if token_ids else []
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise BackendProtocolError(f"malformed completion response: {exc!r}") from exc
-    if prompt_ids is not None and prompt_ids != req.prompt_ids and list(prompt_ids) != list(req.prompt_ids):
+    if prompt_ids is not None and not same_ids(prompt_ids, req.prompt_ids):
         raise BackendProtocolError(
             f"backend echoed a different prompt ({len(prompt_ids)} ids) than sent ({len(req.prompt_ids)} ids)"
         )

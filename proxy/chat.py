@@ -15,6 +15,7 @@ This module is pure: no I/O, no framework imports.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -98,7 +99,7 @@ class Generation:
     [prompt_len + len(token_ids) - 1, layers, top_k] as vLLM returns it (R3).
     """
 
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]  # a list or an int32 array (proxy.trajectory.same_ids compares)
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason

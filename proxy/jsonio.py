@@ -32,7 +32,15 @@ def loads(data: bytes | str) -> Any:
 
 
 def dumps(obj: Any) -> bytes:
+    """Numpy arrays inside ``obj`` encode as JSON arrays (token ids sent as array views)."""
     try:
-        return orjson.dumps(obj)
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
     except (orjson.JSONEncodeError, TypeError):
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_plain).encode()
+
+
+def _plain(obj: Any) -> Any:
+    """The stdlib fallback's view of numpy values (orjson encodes them natively)."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -32,6 +32,7 @@ import numpy as np
 from proxy.backend import CompletionRequest, VLLMClient, is_retryable
 from proxy.chat import Generation
 from proxy.errors import BackendError, GenerationAborted, ReplicaUnavailable
+from proxy.trajectory import id_array
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class Replica:
 class _Stitch:
     """Accumulates the pieces of one generation across aborts."""
 
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     experts: np.ndarray | None = None
@@ -225,7 +226,7 @@ class ReplicaPool:
 
     async def generate(self, session_key: str, req: CompletionRequest) -> Generation:
         """Generate for ``session_key``, failing over and resuming aborts (module docstring)."""
-        stitch = _Stitch(prompt_ids=list(req.prompt_ids))
+        stitch = _Stitch(prompt_ids=req.prompt_ids)
         piece_req = req
         while True:
             piece = await self._generate_once(session_key, piece_req)
@@ -242,4 +243,5 @@ class ReplicaPool:
                 )
             stitch.resumes += 1
             log.info("generation aborted on %s after %d tokens; resuming", piece.replica, len(stitch.token_ids))
-            piece_req = replace(req, prompt_ids=stitch.prompt_ids + stitch.token_ids, max_tokens=remaining)
+            piece_req = replace(req, prompt_ids=id_array(stitch.prompt_ids) + id_array(stitch.token_ids),
+                                max_tokens=remaining)

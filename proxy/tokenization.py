@@ -70,13 +70,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolSpec, assistant_message
 from proxy.errors import InvalidRequest
-from proxy.trajectory import SegmentHeader, SegmentKind, Trajectory, TrajectoryError, TurnDelta, TurnRecord
+from proxy.trajectory import (
+    SegmentHeader, SegmentKind, Trajectory, TrajectoryError, TurnDelta, TurnRecord, id_array, same_ids)
 
 
 MainThreadRule = Literal["first", "first_with_tools"]
@@ -109,13 +111,15 @@ class PreparedTurn:
 
     ``new_segment`` is set when the turn opens segment ``segment_index`` (== number of
     segments at prepare time); otherwise it extends that segment, whose full sequence had
-    ``base_len`` tokens, with ``env_ids``.
+    ``base_len`` tokens, with ``env_ids``. ``prompt_ids`` is an int32 ``array`` (built by a
+    memcpy of the segment, not one int object per token); compare it with ``same_ids`` or
+    ``.tolist()``, never ``==`` against a list.
     """
 
     segment_index: int
     kind: SegmentKind
     system_key: str
-    prompt_ids: list[int]
+    prompt_ids: array
     env_ids: list[int]
     base_len: int
     new_segment: SegmentHeader | None
@@ -256,12 +260,13 @@ class ConversationTracker:
                 continue
             env, norms = ext
             # rule 5 holds by construction here; commit checks the backend's echo of it.
-            prompt = seg.full_ids + env
+            prompt = seg.full_sequence
+            prompt.extend(env)
             return PreparedTurn(idx, kind, key, prompt, env, len(seg), None, tuple(messages), tools, norms)
         text = self._render(messages, list(tools), generation=True, thinking=request.thinking)
-        prompt = self._encode(text)
+        prompt = id_array(self._encode(text))
         rewritten = kind == "main" and any(s.kind == "main" for s in segs)
-        header = SegmentHeader(kind=kind, rewritten=rewritten, system_key=key, prompt_ids=tuple(prompt))
+        header = SegmentHeader(kind=kind, rewritten=rewritten, system_key=key, prompt_ids=prompt)
         norms = tuple(_norm(m) for m in messages)
         return PreparedTurn(len(segs), kind, key, prompt, [], 0, header, tuple(messages), tools, norms)
 
@@ -335,7 +340,7 @@ class ConversationTracker:
                 raise StalePreparedTurn(f"segment {prepared.segment_index} was opened by another turn")
         elif len(traj.segments[prepared.segment_index]) != prepared.base_len:
             raise StalePreparedTurn(f"segment {prepared.segment_index} grew since prepare")
-        if generation.prompt_token_ids and list(generation.prompt_token_ids) != prepared.prompt_ids:
+        if generation.prompt_token_ids and not same_ids(generation.prompt_token_ids, prepared.prompt_ids):
             raise InvariantViolation("the backend reports a different prompt than the one prepared")
         record = TurnRecord(
             segment=prepared.segment_index,

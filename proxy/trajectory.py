@@ -17,6 +17,7 @@ Public API:
         Trajectory.from_bytes(payload) / Trajectory.from_checkpoints([payload, ...])
     experts_sentinel(dtype) -> int, FORMAT_VERSION
     IDS_CODE, MASK_CODE, LOGPROBS_CODE   array typecodes of Segment's token arrays ('i', 'b', 'f')
+    id_array(ids) -> array('i'); same_ids(a, b) -> bool   (lists, tuples, arrays alike)
     TrajectoryError (ValueError), CheckpointGapError (TrajectoryError)
 
 Accounting is a fold: ``Trajectory.apply`` mutates the trajectory in memory only (no I/O,
@@ -132,6 +133,27 @@ def _typed(code: str, values: Iterable[Any]) -> array:
     return array(code, values)
 
 
+def id_array(ids: Iterable[Any]) -> array:
+    """``ids`` as an 'i' array (kept if it already is one). OverflowError outside int32."""
+    return _typed(IDS_CODE, ids)
+
+
+def same_ids(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether two token sequences hold the same ids, whatever their types (``array == list``
+    is always False, so never compare across types with ``==``). Ids outside int32 never
+    match an array."""
+    if a is b:
+        return True
+    if len(a) != len(b):
+        return False
+    if type(a) is type(b):
+        return a == b
+    try:
+        return id_array(a) == id_array(b)
+    except (OverflowError, TypeError):
+        return False
+
+
 def _filled(code: str, value: int, n: int) -> array:
     """``n`` copies of ``value`` (0 or 1) as an array of ``code``."""
     return array(code, bytes(n * array(code).itemsize)) if value == 0 else array(code, [value]) * n
@@ -168,7 +190,13 @@ class Segment:
     @property
     def full_ids(self) -> list[int]:
         """prompt_ids + response_ids as a new plain list (JSON encoders take no arrays)."""
-        return (self.prompt_ids + self.response_ids).tolist()
+        return self.full_sequence.tolist()
+
+    @property
+    def full_sequence(self) -> array:
+        """prompt_ids + response_ids as a new 'i' array: a memcpy, where ``full_ids`` makes one
+        int object per token (the proxy builds each extension prompt from this)."""
+        return self.prompt_ids + self.response_ids
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)

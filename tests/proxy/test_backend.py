@@ -118,3 +118,17 @@ def test_parse_rejects_contract_breaks():
     ):
         with pytest.raises(BackendProtocolError):
             parse_completion(broken, _req())
+
+
+def test_body_encodes_an_int32_array_prompt_like_a_list():
+    import json as stdjson
+
+    from proxy import jsonio
+    from proxy.backend import build_body
+    from proxy.trajectory import id_array
+
+    ids = [0, 5, 2**31 - 1, 151643]
+    as_array = stdjson.loads(jsonio.dumps(build_body(CompletionRequest("m", id_array(ids), 8))))
+    as_list = stdjson.loads(jsonio.dumps(build_body(CompletionRequest("m", ids, 8))))
+    assert as_array == as_list and as_array["prompt"] == ids
+    assert stdjson.loads(jsonio.dumps(build_body(CompletionRequest("m", id_array([]), 8))))["prompt"] == []

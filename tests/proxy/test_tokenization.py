@@ -97,10 +97,10 @@ def test_multi_turn_extension_is_token_exact(tok):
         prepared, gen, parsed = run_turn(tracker, model, msgs, reply)
         assert prepared.segment_index == 0
         if prev_full is not None:
-            assert prepared.extends and prepared.prompt_ids[: len(prev_full)] == prev_full
-            assert prepared.env_ids == prepared.prompt_ids[len(prev_full):]
+            assert prepared.extends and prepared.prompt_ids[: len(prev_full)].tolist() == prev_full
+            assert prepared.env_ids == prepared.prompt_ids[len(prev_full):].tolist()
         assert parsed.reasoning == reply.reasoning and parsed.content == reply.content
-        prev_full = prepared.prompt_ids + gen.token_ids
+        prev_full = prepared.prompt_ids.tolist() + gen.token_ids
         generated.append(gen.token_ids)
         msgs = msgs + [assistant_message(parsed)] + more
     (seg,) = tracker.trajectory.segments
@@ -151,7 +151,7 @@ def test_edited_history_opens_rewritten_main_segment(tok):
     compacted = [SYSTEM, {"role": "user", "content": "Summary of the conversation so far: ..."}]
     prepared, gen, _ = run_turn(tracker, model, compacted, ParsedOutput(content="two"))
     assert prepared.segment_index == 1 and prepared.env_ids == [] and prepared.base_len == 0
-    assert prepared.prompt_ids == tok.encode(render(tok, compacted, gen=True), add_special_tokens=False)
+    assert prepared.prompt_ids.tolist() == tok.encode(render(tok, compacted, gen=True), add_special_tokens=False)
     seg = tracker.trajectory.segments[1]
     assert (seg.kind, seg.rewritten) == ("main", True)
     assert seg.response_mask.tolist() == [1] * len(gen.token_ids)  # no logprobs invented for the prompt
@@ -209,11 +209,11 @@ def test_thinking_flag_only_changes_the_generation_prompt(tok):
     tracker, model = ConversationTracker(tok, template_kwargs={"enable_thinking": True}), Model(tok)
     msgs = [SYSTEM, {"role": "user", "content": "hi"}]
     prepared = tracker.prepare(req(msgs, thinking=False))
-    assert tok.decode(prepared.prompt_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert tok.decode(prepared.prompt_ids.tolist()).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     gen, parsed = model.generate(prepared, ParsedOutput(content="hello"))
     tracker.commit(prepared, gen, parsed)
     nxt = tracker.prepare(req(msgs + [assistant_message(parsed), {"role": "user", "content": "x"}]))
-    assert nxt.extends and tok.decode(nxt.prompt_ids).endswith("x<|im_end|>\n<|im_start|>assistant\n")
+    assert nxt.extends and tok.decode(nxt.prompt_ids.tolist()).endswith("x<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_routed_experts_are_stored_per_token(tok):
@@ -337,14 +337,14 @@ def test_real_vllm_generations_extend_token_exactly(tiny_model_dir: Path, vllm_u
     prev: list[int] = []
     for turn in range(3):
         prepared = tracker.prepare(req(msgs))
-        body = {"model": vllm_model_name, "prompt": prepared.prompt_ids, "max_tokens": 24, "seed": turn,
+        body = {"model": vllm_model_name, "prompt": prepared.prompt_ids.tolist(), "max_tokens": 24, "seed": turn,
                 "return_token_ids": True, "logprobs": 1}
         http = urllib.request.Request(f"{vllm_url}/v1/completions", json.dumps(body).encode(),
                                       {"Content-Type": "application/json"})
         with urllib.request.urlopen(http, timeout=120) as resp:
             choice = json.load(resp)["choices"][0]
-        assert choice["prompt_token_ids"] == prepared.prompt_ids
-        assert prepared.prompt_ids[: len(prev)] == prev and (turn == 0 or prepared.extends)
+        assert choice["prompt_token_ids"] == prepared.prompt_ids.tolist()
+        assert prepared.prompt_ids[: len(prev)].tolist() == prev and (turn == 0 or prepared.extends)
         if turn and prev[-1] != tok.eos_token_id:
             assert prepared.env_ids[0] == tok.eos_token_id
         gen = Generation(prompt_token_ids=choice["prompt_token_ids"], token_ids=choice["token_ids"],
@@ -352,7 +352,7 @@ def test_real_vllm_generations_extend_token_exactly(tiny_model_dir: Path, vllm_u
                          finish_reason="length" if choice["finish_reason"] == "length" else "stop")
         parsed = parse_output(tok.decode(gen.token_ids, skip_special_tokens=True))
         tracker.commit(prepared, gen, parsed)
-        prev = prepared.prompt_ids + gen.token_ids
+        prev = prepared.prompt_ids.tolist() + gen.token_ids
         msgs = msgs + [assistant_message(parsed), {"role": "user", "content": f"next {turn}"}]
     (seg,) = tracker.trajectory.segments
     assert seg.full_ids == prev

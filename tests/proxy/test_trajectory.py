@@ -357,3 +357,15 @@ def test_any_checkpoint_schedule_rebuilds_the_trajectory(turns):
     chunks.append(t.delta_since(mark))
     same(Trajectory.from_checkpoints(chunks), t)
     same(Trajectory.from_bytes(t.to_bytes()), t)
+
+
+def test_same_ids_compares_across_sequence_types():
+    from array import array
+
+    from proxy.trajectory import id_array, same_ids
+
+    a = id_array([1, 2, 70000])
+    assert same_ids(a, [1, 2, 70000]) and same_ids((1, 2, 70000), a) and same_ids(a, array("i", a))
+    assert not same_ids(a, [1, 2]) and not same_ids(a, [1, 2, 3]) and not same_ids(a, [1, 2, 2**40])
+    assert not same_ids(a, ["1", "2", "x"])
+    assert a != [1, 2, 70000]  # the trap same_ids exists for
