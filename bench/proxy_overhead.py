@@ -19,8 +19,8 @@ machine's load hits both alike:
 - ``anthropic-stream``: ``POST {anthropic_base_url}/v1/messages`` with ``stream: true``,
   timed until the last byte of the event stream;
 - ``relay`` (a floor, not the proxy): the ``direct`` body sent to a bare relay in the proxy's
-  process (same event loop, JSON library and aiohttp client as the proxy; no sessions, no
-  tokenization) that forwards it to the backend and returns the reply re-encoded. What the
+  process (same event loop, HTTP server and client, and JSON library as the proxy; no
+  sessions, no tokenization) that forwards it to the backend and returns the reply re-encoded. What the
   proxy adds beyond ``relay`` is its own per-turn work; ``relay`` itself is the price of any
   HTTP hop in Python on this machine.
 
@@ -114,19 +114,22 @@ async def serve_proxy(backend_url: str, profile: str | None) -> None:
 
 async def start_relay(backend_url: str):
     """The ``relay`` mode's server: decode the body, forward it, decode the reply, encode it
-    back; nothing else. Returns (url, stop coroutine function)."""
+    back; nothing else. Same server (aiohttp), client (``proxy.http1``) and JSON library
+    (``proxy.jsonio``) as the proxy. Returns (url, stop coroutine function)."""
+    from urllib.parse import urlsplit
+
     from aiohttp import web
 
     from proxy import jsonio
+    from proxy.http1 import Http1Pool
 
-    http = aiohttp.ClientSession()
-    headers = {"Content-Type": "application/json"}
+    target = urlsplit(backend_url)
+    backend = Http1Pool(target.hostname, target.port)
 
     async def relay(request: web.Request) -> web.Response:
         body = jsonio.loads(await request.read())
-        async with http.post(f"{backend_url}/v1/completions", data=jsonio.dumps(body), headers=headers) as r:
-            payload = jsonio.loads(await r.read())
-        return web.Response(body=jsonio.dumps(payload), content_type="application/json")
+        _, raw = await backend.post("/v1/completions", jsonio.dumps(body))
+        return web.Response(body=jsonio.dumps(jsonio.loads(raw)), content_type="application/json")
 
     app = web.Application()
     app.router.add_post("/v1/completions", relay)
@@ -138,7 +141,7 @@ async def start_relay(backend_url: str):
 
     async def stop() -> None:
         await runner.cleanup()
-        await http.close()
+        await backend.close()
 
     return f"http://127.0.0.1:{port}", stop
 

@@ -36,11 +36,13 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
 
 from proxy import jsonio
+from proxy.http1 import Http1Error, Http1Pool
 from proxy.chat import FinishReason, Generation, SamplingParams
 from proxy.errors import BackendError, BackendHTTPError, ReplicaUnavailable
 from proxy.trajectory import IDS_CODE, same_ids
@@ -194,8 +196,13 @@ class VLLMClient:
     ) -> None:
         self.url = url.rstrip("/")
         self._on_response = on_response
+        self._timeout_s, self._connect_timeout_s = timeout_s, connect_timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._http: aiohttp.ClientSession | None = None
+        # generation calls (one per turn) go through the lean keep-alive client; https and
+        # the rare GETs use aiohttp
+        parts = urlsplit(self.url)
+        self._fast = Http1Pool(parts.hostname, parts.port or 80) if parts.scheme == "http" and parts.hostname else None
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
@@ -203,6 +210,8 @@ class VLLMClient:
         return self._http
 
     async def close(self) -> None:
+        if self._fast is not None:
+            await self._fast.close()
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -210,13 +219,16 @@ class VLLMClient:
     async def complete(self, req: CompletionRequest) -> Generation:
         """One generation. Raises ``ReplicaUnavailable`` / ``BackendHTTPError`` /
         ``BackendProtocolError`` as described in the module docstring."""
+        body = jsonio.dumps(build_body(req))
         try:
-            async with self._session().post(
-                f"{self.url}/v1/completions", data=jsonio.dumps(build_body(req)), headers=_JSON_HEADERS
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            if self._fast is not None:
+                status, raw = await self._fast.post(
+                    "/v1/completions", body, timeout_s=self._timeout_s, connect_timeout_s=self._connect_timeout_s)
+            else:
+                async with self._session().post(f"{self.url}/v1/completions", data=body, headers=_JSON_HEADERS) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+        except (Http1Error, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             raise ReplicaUnavailable(f"{self.url}: {type(exc).__name__}: {exc}", replica=self.url) from exc
         if status >= 400:
             raise BackendHTTPError(status, _error_message(raw.decode(errors="replace")), replica=self.url)
