@@ -162,13 +162,25 @@ def _args(arguments: Any) -> Any:
 
 
 def _norm(msg: Message) -> tuple:
-    """(role, text, tool calls as (name, parsed args), reasoning or None) for comparison."""
+    """(role, text, tool calls as (name, parsed args), reasoning or None) for comparison.
+
+    Texts longer than a digest are kept as a digest: the tracker keeps these for the whole
+    conversation next to the request's own messages, and comparing only needs equality.
+    """
     calls = tuple(
         (tc.get("function", tc).get("name"), _args(tc.get("function", tc).get("arguments")))
         for tc in msg.get("tool_calls") or ()
     )
     reasoning = _text(msg.get("reasoning_content")).strip() or None
-    return (msg.get("role"), _text(msg.get("content")).strip(), calls, reasoning)
+    return (msg.get("role"), _compact(_text(msg.get("content")).strip()), calls,
+            None if reasoning is None else _compact(reasoning))
+
+
+def _compact(text: str) -> str | bytes:
+    """``text`` itself when short, else its 16-byte BLAKE2b digest (collisions: ~2^-64)."""
+    if len(text) <= 32:
+        return text
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _same(recorded: tuple, echoed: tuple) -> bool:
