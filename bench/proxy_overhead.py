@@ -63,6 +63,22 @@ def words(n: int, salt: int) -> str:
     return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(n))
 
 
+def bench_tools(n: int) -> list[dict]:
+    """``n`` function tools shaped like a coding agent's (a long description and six typed
+    parameters each, ~1.5 KB of JSON per tool), in the OpenAI format."""
+    return [{"type": "function", "function": {
+        "name": f"Tool{i}", "description": words(220, i),
+        "parameters": {"type": "object", "required": ["path"], "properties": {
+            p: {"type": "string" if j % 2 == 0 else "integer", "description": words(12, i + j)}
+            for j, p in enumerate(("path", "limit", "pattern", "offset", "command", "timeout"))}}}}
+        for i in range(n)]
+
+
+def anthropic_tools(tools: list[dict]) -> list[dict]:
+    return [{"name": t["function"]["name"], "description": t["function"]["description"],
+             "input_schema": t["function"]["parameters"]} for t in tools]
+
+
 def sized_text(tok, tokens: int, salt: int) -> str:
     """A text of about ``tokens`` tokens under ``tok`` (grown word by word)."""
     n = max(1, tokens // 2)
@@ -201,7 +217,8 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def run_round(mode: str, convs: list[Conversation], prompts: list[list[list[int]]], backend: str,
-                    proxy: str, relay: str, max_tokens: int, http: aiohttp.ClientSession) -> list[float]:
+                    proxy: str, relay: str, max_tokens: int, http: aiohttp.ClientSession,
+                    tools: list[dict] | None = None) -> list[float]:
     lat: list[float] = []
 
     async def one_session(i: int) -> None:
@@ -220,10 +237,14 @@ async def run_round(mode: str, convs: list[Conversation], prompts: list[list[lis
             elif mode == "openai":
                 url, body = f"{base}/chat/completions", {"model": "default", "messages": conv.messages(t),
                                                          "max_tokens": max_tokens}
+                if tools:
+                    body["tools"] = tools
             else:
                 msgs = conv.messages(t)
                 url, body = f"{base}/v1/messages", {"model": "default", "system": msgs[0]["content"],
                                                     "messages": msgs[1:], "max_tokens": max_tokens, "stream": True}
+                if tools:
+                    body["tools"] = anthropic_tools(tools)
             payload = json.dumps(body).encode()
             t0 = time.perf_counter()
             async with http.post(url, data=payload, headers={"content-type": "application/json"}) as r:
@@ -267,7 +288,9 @@ async def load(args: argparse.Namespace, backend: str, proxy: str, relay: str, p
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as http:
         for conc in args.concurrency:
             convs = [Conversation(tok, args.system_tokens, args.turns, salt=s, reply=reply) for s in range(conc)]
-            prompts = [[tok.apply_chat_template(c.messages(t), add_generation_prompt=True, tokenize=True)
+            tools = bench_tools(args.tools)
+            prompts = [[tok.apply_chat_template(c.messages(t), tools=tools or None, add_generation_prompt=True,
+                                                tokenize=True)
                         for t in range(args.turns)] for c in convs]
             prompts = [[list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in ps] for ps in prompts]
             await run_round("direct", convs[:1], prompts, backend, proxy, relay, args.max_tokens, http)  # warm-up
@@ -277,7 +300,8 @@ async def load(args: argparse.Namespace, backend: str, proxy: str, relay: str, p
             for _ in range(rounds):
                 for mode in lat:
                     before = {k: cpu_s(pid) for k, pid in pids.items()}
-                    lat[mode] += await run_round(mode, convs, prompts, backend, proxy, relay, args.max_tokens, http)
+                    lat[mode] += await run_round(mode, convs, prompts, backend, proxy, relay, args.max_tokens, http,
+                                                  tools)
                     for k, pid in pids.items():
                         cpu[mode][k] += cpu_s(pid) - before[k]
             row: dict = {"sessions": conc, "turns_per_session": args.turns,
@@ -309,6 +333,8 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=float, default=50.0)
     ap.add_argument("--reply-tokens", type=int, default=200)
     ap.add_argument("--system-tokens", type=int, default=1000)
+    ap.add_argument("--tools", type=int, default=0,
+                    help="function tools sent with every request (~1.5 KB of JSON each; Claude Code sends ~12-17)")
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--modes", nargs="+", default=["relay", "openai", "anthropic-stream"],
                     choices=["relay", "openai", "anthropic-stream"])
@@ -341,7 +367,7 @@ def main() -> None:
                "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(),
                "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                "delay_ms": args.delay_ms, "reply_tokens": args.reply_tokens,
-               "system_tokens": args.system_tokens, "rounds": args.rounds,
+               "system_tokens": args.system_tokens, "tools": args.tools, "rounds": args.rounds,
                "proxy_event_loop": os.environ.get("TRIALFLOW_EVENT_LOOP") or "default (uvloop if installed)",
                "cpu_wake": wake, "results": results}
         print(json.dumps(out, indent=2))

@@ -43,9 +43,10 @@ Rules (all decided in ``prepare``; ``commit`` only records):
    segment's full sequence (prompt + every response token so far) + the environment tokens.
    The template text of earlier turns is never re-tokenized: the model's own tokens stay.
    For speed, a message-local template renders only the leading system messages plus the
-   messages from the last assistant on; locality is probed once per tracker against the full
-   render (``_delta_text``). Known limit: a template whose locality breaks only after the probe
-   turn would be rendered by the shortcut.
+   messages from the last assistant on, without the tool list; locality is probed against the
+   full render once per tail shape (roles, tool calls, reasoning, thinking; ``_delta_text``).
+   Known limit: a template whose locality breaks only for texts other than the probed turn's,
+   within one shape, would be rendered by the shortcut.
    If the segment's last token is not EOS (finished by length, stop string or abort), the
    environment tokens start with the EOS id so the sequence is well-formed.
 4. New segment. When no candidate extends (history rewritten/compacted/edited, tools
@@ -183,6 +184,13 @@ def _compact(text: str) -> str | bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
+def _tail_shape(messages: list[Message], m: int, thinking: bool | None) -> tuple:
+    """What the template's rendering of the tail may depend on besides the texts."""
+    tail = messages[m - 1:]
+    return (tuple(x.get("role") for x in tail), tuple(bool(x.get("tool_calls")) for x in tail),
+            tuple(bool(x.get("reasoning_content")) for x in tail), thinking)
+
+
 def _same(recorded: tuple, echoed: tuple) -> bool:
     if recorded[:3] != echoed[:3]:
         return False
@@ -224,8 +232,8 @@ class ConversationTracker:
         self._main_key: str | None = next(
             (s.system_key for s in self.trajectory.segments if s.kind == "main"), None)
         self._recorded: dict[int, _Recorded] = {}
-        # None: template locality not probed yet; True/False: probe result (see _delta_text).
-        self._tail_ok: bool | None = None
+        # Template locality per tail shape: absent = not probed yet (see _delta_text).
+        self._tail_ok: dict[tuple, bool] = {}
 
     # ------------------------------------------------------------------ rendering
 
@@ -311,26 +319,31 @@ class ConversationTracker:
         """Template text after the end of the last recorded assistant turn (rule 3), or None.
 
         Rendering the whole conversation twice per turn makes a turn's CPU grow with the session
-        (~10x between turn 1 and turn 100 of a 64K-token session). For a *message-local* template
-        (each message's text depends only on itself and the leading system/tools header) the
-        text after the assistant's EOS is the same when only the leading system messages and the
-        messages from the last assistant on are rendered. That locality is probed once per
-        tracker on the first extension (tail delta == full delta); a template that fails the
+        (~10x between turn 1 and turn 100 of a 64K-token session), and rendering the tool list
+        (tens of KB of JSON schema for real scaffolds) costs more than the rest of the turn. For
+        a *message-local* template (each message's text depends only on itself, its neighbours
+        and the leading system messages) the text after the assistant's EOS is the same when
+        only the leading system messages and the messages from the last assistant on are
+        rendered, without the tool list (it lives in the header, before the cut). Whether that
+        holds is probed against the full render once per *tail shape* (roles from the last
+        assistant on, tool calls and reasoning present or not, thinking); a shape that fails its
         probe is always rendered in full, so exactness never depends on the shortcut.
         """
-        if self._tail_ok is not False:
-            lead = 0
-            while lead < m - 1 and messages[lead].get("role") == "system":
-                lead += 1
-            tail = messages[:lead] + messages[m - 1:]
-            fast = self._cut_after_eos(tail, lead + 1, tools, thinking)
-            if self._tail_ok:
-                return fast
-            full = self._cut_after_eos(messages, m, tools, thinking)
-            if full is not None:
-                self._tail_ok = fast == full
-            return full
-        return self._cut_after_eos(messages, m, tools, thinking)
+        shape = (_tail_shape(messages, m, thinking), bool(tools))
+        ok = self._tail_ok.get(shape)
+        if ok is False:
+            return self._cut_after_eos(messages, m, tools, thinking)
+        lead = 0
+        while lead < m - 1 and messages[lead].get("role") == "system":
+            lead += 1
+        tail = messages[:lead] + messages[m - 1:]
+        fast = self._cut_after_eos(tail, lead + 1, [], thinking)
+        if ok:
+            return fast
+        full = self._cut_after_eos(messages, m, tools, thinking)
+        if full is not None:
+            self._tail_ok[shape] = fast == full
+        return full
 
     def _cut_after_eos(self, messages: list[Message], m: int, tools: list[ToolSpec],
                        thinking: bool | None) -> str | None:

@@ -362,14 +362,13 @@ def test_real_vllm_generations_extend_token_exactly(tiny_model_dir: Path, vllm_u
 
 # ------------------------------------------------------------------ tail-render shortcut
 
-class _NumberedTemplate:
-    """A tokenizer whose template numbers every turn: NOT message-local, so the tail-render
-    shortcut would get the environment text wrong; the tracker must notice and render in full."""
+class _EditedTemplate:
+    """The tiny model's tokenizer with its template text edited (``old`` -> ``new``)."""
 
-    def __init__(self, tok) -> None:
+    def __init__(self, tok, old: str, new: str) -> None:
         self._tok = tok
-        self.template = tok.chat_template.replace(
-            "'<|im_start|>user\\n<tool_response>", "'<|im_start|>user #' + (loop.index | string) + '\\n<tool_response>")
+        self.template = tok.chat_template.replace(old, new)
+        assert self.template != tok.chat_template, "the edit must change the template"
 
     def __getattr__(self, name):
         return getattr(self._tok, name)
@@ -378,25 +377,62 @@ class _NumberedTemplate:
         return self._tok.apply_chat_template(messages, chat_template=self.template, **kw)
 
 
-@pytest.mark.parametrize("numbered", [False, True])
-def test_extension_env_tokens_equal_the_full_render_delta(tok, numbered):
+_TOOL_RESPONSE = "'<|im_start|>user\\n<tool_response>"
+_USER = "'<|im_start|>user\\n' + text(m.content)"
+# NOT message-local: every tool response carries its position in the conversation.
+NUMBERED_TOOLS = (_TOOL_RESPONSE, "'<|im_start|>user #' + (loop.index | string) + '\\n<tool_response>")
+# Local for tool responses, NOT for user messages: only a user-message tail must fall back.
+NUMBERED_USERS = (_USER, "'<|im_start|>user #' + (loop.index | string) + '\\n' + text(m.content)")
+# Local, but tool responses render differently when a tool list is given: the shortcut (which
+# leaves the tool list out) must notice.
+TOOLS_AWARE = (_TOOL_RESPONSE, "'<|im_start|>user\\n' + ('[tools] ' if tools else '') + '<tool_response>")
+
+
+def _full_render_env(t, prepared) -> list[int]:
+    """Rule 3 computed from full renders: the environment tokens the tracker must produce."""
+    full = t.apply_chat_template(list(prepared.messages), tools=list(prepared.tools) or None, tokenize=False,
+                                 add_generation_prompt=True)
+    last_assistant = max(i for i, m in enumerate(prepared.messages) if m["role"] == "assistant")
+    prev = t.apply_chat_template(list(prepared.messages[:last_assistant + 1]), tools=list(prepared.tools) or None,
+                                 tokenize=False)
+    cut = prev.rfind("<|im_end|>") + len("<|im_end|>")
+    return t.encode(full[cut:], add_special_tokens=False)
+
+
+@pytest.mark.parametrize("edit, shortcut_ok", [(None, True), (NUMBERED_TOOLS, False), (TOOLS_AWARE, False)])
+def test_extension_env_tokens_equal_the_full_render_delta(tok, edit, shortcut_ok):
     """Whether or not the shortcut applies, the environment tokens are exactly the tokens of
     the full render's text after the last assistant turn."""
-    t = _NumberedTemplate(tok) if numbered else tok
-    if numbered:
-        assert t.template != tok.chat_template, "the test template must differ from the real one"
+    t = _EditedTemplate(tok, *edit) if edit else tok
     tracker, model = ConversationTracker(t, session_id="s"), Model(tok)
     msgs: list[Message] = [SYSTEM, {"role": "user", "content": "go"}]
     for i in range(4):
         prepared, gen, parsed = run_turn(tracker, model, msgs, ParsedOutput(content=f"step {i}", tool_calls=[bash(f"ls {i}", i)]))
         msgs = msgs + [assistant_message(parsed), {"role": "tool", "content": f"out {i}"}]
         if prepared.extends:
-            full = t.apply_chat_template(prepared.messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
-            prev = t.apply_chat_template(list(prepared.messages[:-1]), tools=TOOLS, tokenize=False)
-            cut = prev.rfind("<|im_end|>") + len("<|im_end|>")
-            assert prepared.env_ids == tok.encode(full[cut:], add_special_tokens=False)
+            assert prepared.env_ids == _full_render_env(t, prepared)
     assert len(tracker.trajectory.segments) == 1
-    assert tracker._tail_ok is (not numbered)
+    assert set(tracker._tail_ok.values()) == {shortcut_ok}
+
+
+def test_locality_is_probed_per_tail_shape(tok):
+    """Tool-result tails pass the probe; the first user-message tail is probed on its own,
+    fails, and is rendered in full from then on — exact either way."""
+    t = _EditedTemplate(tok, *NUMBERED_USERS)
+    tracker, model = ConversationTracker(t, session_id="s"), Model(tok)
+    msgs: list[Message] = [SYSTEM, {"role": "user", "content": "go"}]
+    followups = [{"role": "tool", "content": "a"}, {"role": "tool", "content": "b"},
+                 {"role": "user", "content": "and now?"}, {"role": "tool", "content": "c"},
+                 {"role": "user", "content": "done?"}]
+    for i, more in enumerate(followups):
+        prepared, gen, parsed = run_turn(tracker, model, msgs, ParsedOutput(content=f"step {i}", tool_calls=[bash(f"ls {i}", i)]))
+        if prepared.extends:
+            assert prepared.env_ids == _full_render_env(t, prepared)
+        msgs = msgs + [assistant_message(parsed), more]
+    prepared, *_ = run_turn(tracker, model, msgs, ParsedOutput(content="end"))
+    assert prepared.env_ids == _full_render_env(t, prepared)
+    assert len(tracker.trajectory.segments) == 1
+    assert sorted(tracker._tail_ok.values()) == [False, True]
 
 
 def test_first_with_tools_rule_makes_the_agent_main_after_a_title_call(tok):
