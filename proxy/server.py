@@ -58,6 +58,7 @@ from proxy import anthropic_api, jsonio, openai_api
 from proxy.chat import ChatRequest, TurnOutcome
 from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError
 from proxy.pool import ReplicaPool
+from proxy.prefix_cache import PrefixCache
 from proxy.session import Session, SessionConfig
 from proxy.trajectory import Trajectory
 
@@ -115,6 +116,8 @@ class ProxyServer:
 
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.tokenizer = tokenizer
+        # one per proxy: every session renders with the same tokenizer and template
+        self.prefix_cache = PrefixCache(tokenizer.eos_token)
         self.host, self.port = host, port
         self.public_host = public_host or host
         self.pool = pool if pool is not None else ReplicaPool(replicas)
@@ -171,7 +174,8 @@ class ProxyServer:
         sid, secret = uuid.uuid4().hex, secrets.token_urlsafe(24)
         own_pool = ReplicaPool(config.replicas) if config.replicas else None
         pool = own_pool or self.pool
-        self._sessions[sid] = _Entry(Session(sid, config, self.tokenizer, pool), secret, own_pool)
+        session = Session(sid, config, self.tokenizer, pool, prefix_cache=self.prefix_cache)
+        self._sessions[sid] = _Entry(session, secret, own_pool)
         base = f"{self.base_url}/s/{sid}/{secret}"
         return SessionHandle(sid, secret, base, f"{base}/v1")
 

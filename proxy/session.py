@@ -48,6 +48,7 @@ from proxy.checkpoint import CheckpointSink
 from proxy.errors import ContextExhausted, InvalidRequest, NotFound, ReplicaUnavailable
 from proxy.parsers import parse_output
 from proxy.pool import ReplicaPool
+from proxy.prefix_cache import PrefixCache
 from proxy.tokenization import ConversationTracker, MainThreadRule, TurnInfo
 from proxy.trajectory import Mark, Trajectory
 
@@ -144,7 +145,8 @@ def _typed(value: Any, kind: type, name: str) -> Any:
 class Session:
     """One trial attempt. Created by ``ProxyServer.open_session``; see module docstring."""
 
-    def __init__(self, session_id: str, config: SessionConfig, tokenizer: Any, pool: ReplicaPool) -> None:
+    def __init__(self, session_id: str, config: SessionConfig, tokenizer: Any, pool: ReplicaPool, *,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.id = session_id
         self.config = config
         self.pool = pool
@@ -160,7 +162,7 @@ class Session:
             else (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)))
         self.tracker = ConversationTracker(
             tokenizer, session_id=session_id, template_kwargs=config.template_kwargs,
-            main_thread=config.main_thread)
+            main_thread=config.main_thread, prefix_cache=prefix_cache)
         self.tracker.trajectory.metadata.update(config.metadata)
         self.overlong = False
         self.closed = False

@@ -2,7 +2,8 @@
 
 Public API:
 
-    ConversationTracker(tokenizer, *, session_id="", trajectory=None, template_kwargs=None)
+    ConversationTracker(tokenizer, *, session_id="", trajectory=None, template_kwargs=None,
+                        main_thread="first", prefix_cache=None)
         .trajectory: Trajectory                       the token record (see proxy.trajectory)
         .prepare(request: ChatRequest) -> PreparedTurn    no mutation
         .commit(prepared, generation, parsed, info=TurnInfo()) -> TurnRecord
@@ -78,6 +79,7 @@ from typing import Any, Literal
 
 from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolSpec, assistant_message
 from proxy.errors import InvalidRequest
+from proxy.prefix_cache import PrefixCache
 from proxy.trajectory import (
     SegmentHeader, SegmentKind, Trajectory, TrajectoryError, TurnDelta, TurnRecord, id_array, same_ids)
 
@@ -217,12 +219,15 @@ class ConversationTracker:
         trajectory: Trajectory | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
         main_thread: MainThreadRule = "first",
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if main_thread not in ("first", "first_with_tools"):
             raise ValueError(f"main_thread must be 'first' or 'first_with_tools', not {main_thread!r}")
         self.main_thread = main_thread
         self.tokenizer = tokenizer
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # a new segment's prompt is mostly the header every trial shares (see proxy.prefix_cache)
+        self._prefix_cache = prefix_cache
         self.trajectory = trajectory if trajectory is not None else Trajectory(session_id=session_id)
         self.template_kwargs = dict(template_kwargs or {})
         self.eos_text: str = tokenizer.eos_token
@@ -284,7 +289,8 @@ class ConversationTracker:
             prompt.extend(env)
             return PreparedTurn(idx, kind, key, prompt, env, len(seg), None, tuple(messages), tools, norms)
         text = self._render(messages, list(tools), generation=True, thinking=request.thinking)
-        prompt = id_array(self._encode(text))
+        prompt = (self._prefix_cache.encode(text, self._encode) if self._prefix_cache is not None
+                  else id_array(self._encode(text)))
         rewritten = kind == "main" and any(s.kind == "main" for s in segs)
         header = SegmentHeader(kind=kind, rewritten=rewritten, system_key=key, prompt_ids=prompt)
         norms = tuple(_norm(m) for m in messages)

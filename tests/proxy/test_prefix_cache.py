@@ -1,0 +1,85 @@
+"""proxy.prefix_cache: header token ids reused across sessions, exact or not used at all."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.chat import ChatRequest
+from proxy.prefix_cache import PrefixCache
+from proxy.tokenization import ConversationTracker
+from tests.proxy._support import OPENAI_TOOLS, load_tokenizer
+
+LONG_SYSTEM = "You are a careful coding agent. " * 200  # ~6.4K chars: above min_chars
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _encode(tok):
+    return lambda text: tok.encode(text, add_special_tokens=False)
+
+
+def _render(tok, user: str) -> str:
+    return tok.apply_chat_template([{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": user}],
+                                   tools=OPENAI_TOOLS, tokenize=False, add_generation_prompt=True)
+
+
+def test_second_prompt_with_the_same_header_is_a_hit_and_exact(tok):
+    cache = PrefixCache(tok.eos_token)
+    for user in ("fix the tests", "now add a README", "fix the tests"):
+        text = _render(tok, user)
+        assert cache.encode(text, _encode(tok)).tolist() == tok.encode(text, add_special_tokens=False)
+    assert (cache.misses, cache.hits) == (1, 2)
+
+
+def test_a_tokenizer_that_merges_across_the_boundary_is_never_split():
+    """A toy encoder whose ids depend on the whole text: the split check fails on the first
+    sight of the header and the header is never used split."""
+    whole = lambda text: [len(text), hash(text) & 0x7FFFFFFF]  # noqa: E731
+    cache = PrefixCache("<|im_end|>", min_chars=8)
+    for tail in ("a", "bb", "a"):
+        text = "header text<|im_end|>" + tail
+        assert cache.encode(text, whole).tolist() == whole(text)
+    assert cache.hits == 0 and cache.misses == 1
+
+
+def test_short_headers_are_not_cached_and_old_ones_are_evicted(tok):
+    cache = PrefixCache(tok.eos_token, max_entries=2)
+    short = tok.apply_chat_template([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                                    tokenize=False, add_generation_prompt=True)
+    cache.encode(short, _encode(tok))
+    assert (cache.misses, cache.hits) == (0, 0)
+    texts = [tok.apply_chat_template([{"role": "system", "content": f"{i} " + LONG_SYSTEM}, {"role": "user", "content": "q"}],
+                                     tokenize=False, add_generation_prompt=True) for i in range(3)]
+    for t in texts:
+        cache.encode(t, _encode(tok))
+    cache.encode(texts[2], _encode(tok))  # still cached
+    cache.encode(texts[0], _encode(tok))  # evicted by the third header
+    assert (cache.misses, cache.hits) == (4, 1)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(["<|im_end|>", "<|im_start|>", "\n", " x", "é", "<think>", "ab", "  "]), max_size=12)
+       .map("".join))
+def test_any_text_after_a_known_header_encodes_exactly(tok, rest):
+    cache = PrefixCache(tok.eos_token)
+    header = "<|im_start|>system\n" + LONG_SYSTEM + "<|im_end|>"
+    cache.encode(header + "\n", _encode(tok))
+    assert cache.encode(header + rest, _encode(tok)).tolist() == tok.encode(header + rest, add_special_tokens=False)
+
+
+def test_sessions_share_the_cache_through_their_trackers(tok):
+    cache = PrefixCache(tok.eos_token)
+    prompts = []
+    for user in ("first trial", "second trial"):
+        tracker = ConversationTracker(tok, prefix_cache=cache)
+        msgs = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": user}]
+        prepared = tracker.prepare(ChatRequest(protocol="openai", messages=msgs, tools=OPENAI_TOOLS))
+        prompts.append(prepared.prompt_ids.tolist())
+        text = tok.apply_chat_template(msgs, tools=OPENAI_TOOLS, add_generation_prompt=True, tokenize=False)
+        assert prompts[-1] == tok.encode(text, add_special_tokens=False)
+    assert cache.hits == 1
