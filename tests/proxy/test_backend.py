@@ -132,3 +132,52 @@ def test_body_encodes_an_int32_array_prompt_like_a_list():
     as_list = stdjson.loads(jsonio.dumps(build_body(CompletionRequest("m", ids, 8))))
     assert as_array == as_list and as_array["prompt"] == ids
     assert stdjson.loads(jsonio.dumps(build_body(CompletionRequest("m", id_array([]), 8))))["prompt"] == []
+
+
+def test_echo_equal_to_the_sent_bytes_is_dropped_unparsed():
+    import json as stdjson
+
+    from proxy.backend import drop_verified_echo
+
+    sent = b"[5,6,7]"
+    choice = '{"choices":[{"text":"\\"prompt_token_ids\\":[5,6,7]","prompt_token_ids":%s,"token_ids":[9]}]}'
+    raw, ok = drop_verified_echo((choice % "[5,6,7]").encode(), sent)
+    assert ok and stdjson.loads(raw)["choices"][0]["prompt_token_ids"] is None
+    assert stdjson.loads(raw)["choices"][0]["text"] == '"prompt_token_ids":[5,6,7]'  # strings untouched
+    for other in ("[5,6,7,8]", "[5, 6, 7]", "[5,6]", "[4,6,7]"):  # longer, spaced, shorter, different
+        raw, ok = drop_verified_echo((choice % other).encode(), sent)
+        assert not ok and stdjson.loads(raw)["choices"][0]["prompt_token_ids"] == stdjson.loads(other)
+
+
+async def test_a_different_compact_echo_is_still_a_protocol_error(tok):
+    """The byte shortcut only ever accepts; a mismatch goes the parsed way and is caught."""
+    from aiohttp import web
+
+    async def handler(request):
+        body = b'{"choices":[{"text":"x","token_ids":[9],"prompt_token_ids":[5,6,8],"finish_reason":"stop",' \
+               b'"logprobs":{"token_logprobs":[-0.5]}}]}'
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    client = VLLMClient(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")
+    with pytest.raises(BackendProtocolError, match="different prompt"):
+        await client.complete(_req(prompt=(5, 6, 7)))
+    assert client.echo_checks == {"bytes": 0, "parsed": 1}
+    await client.close()
+    await runner.cleanup()
+
+
+@pytest.mark.vllm
+async def test_real_vllm_echo_is_checked_by_bytes(vllm_url, vllm_model_name, tok):
+    """vLLM writes compact JSON: its echo matches the sent bytes, so the shortcut is live."""
+    client = VLLMClient(vllm_url)
+    prompt = tok.encode("hello there, general", add_special_tokens=False)
+    gen = await client.complete(CompletionRequest(vllm_model_name, prompt, 4, SamplingParams(seed=1)))
+    await client.close()
+    assert client.echo_checks == {"bytes": 1, "parsed": 0}
+    assert list(gen.prompt_token_ids) == prompt and len(gen.token_ids) == len(gen.logprobs) > 0
