@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -74,6 +75,11 @@ class Drop:
 
 
 Action = Union[Reply, Abort, HTTPFailure, Drop]
+
+
+def _vllm_json(value: Any) -> str:
+    """JSON as vLLM's server writes it (Starlette's JSONResponse: compact, UTF-8)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def fake_logprob(token_id: int, position: int) -> float:
@@ -219,7 +225,8 @@ class ScriptedVLLM:
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
         return web.json_response(
             {"id": f"cmpl-{len(self.requests)}", "object": "text_completion", "created": 0,
-             "model": body.get("model", self.model), "choices": [choice], "usage": usage}
+             "model": body.get("model", self.model), "choices": [choice], "usage": usage},
+            dumps=_vllm_json,
         )
 
     async def _models(self, request: web.Request) -> web.Response:
