@@ -74,13 +74,14 @@ class CompletionRequest:
     sampling: SamplingParams = SamplingParams()
 
 
-def build_body(req: CompletionRequest) -> dict[str, Any]:
+def build_body(req: CompletionRequest, prompt_json: bytes | None = None) -> dict[str, Any]:
     """The JSON body for ``/v1/completions``. ``top_k <= 0`` and ``seed=None`` are omitted
-    (vLLM's own defaults then apply: no top-k, random seed)."""
+    (vLLM's own defaults then apply: no top-k, random seed). ``prompt_json``: the prompt ids
+    already encoded (``encode_prompt``), embedded as they are."""
     s = req.sampling
     body: dict[str, Any] = {
         "model": req.model,
-        "prompt": _json_ids(req.prompt_ids),
+        "prompt": _json_ids(req.prompt_ids) if prompt_json is None else jsonio.RawJSON(prompt_json),
         "max_tokens": req.max_tokens,
         "temperature": s.temperature,
         "top_p": s.top_p,
@@ -97,6 +98,11 @@ def build_body(req: CompletionRequest) -> dict[str, Any]:
     if s.stop:
         body["stop"] = list(s.stop)
     return body
+
+
+def encode_prompt(ids: Sequence[int]) -> bytes:
+    """The prompt ids as compact JSON bytes (what ``build_body`` sends for them)."""
+    return jsonio.dumps(_json_ids(ids))
 
 
 def _json_ids(ids: Sequence[int]) -> Any:
@@ -241,8 +247,8 @@ class VLLMClient:
     async def complete(self, req: CompletionRequest) -> Generation:
         """One generation. Raises ``ReplicaUnavailable`` / ``BackendHTTPError`` /
         ``BackendProtocolError`` as described in the module docstring."""
-        body = jsonio.dumps(build_body(req))
-        prompt_json = jsonio.dumps(_json_ids(req.prompt_ids))
+        prompt_json = encode_prompt(req.prompt_ids)  # once: the body's prompt and the echo check
+        body = jsonio.dumps(build_body(req, prompt_json))
         try:
             if self._fast is not None:
                 status, raw = await self._fast.post(

@@ -31,16 +31,36 @@ def loads(data: bytes | str) -> Any:
         return json.loads(data)
 
 
+class RawJSON:
+    """Already-encoded JSON that ``dumps`` embeds as is (a prompt encoded once per turn is
+    both the request's ``prompt`` and the bytes its echo is checked against)."""
+
+    __slots__ = ("data", "_fragment")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._fragment = orjson.Fragment(data)
+
+
 def dumps(obj: Any) -> bytes:
-    """Numpy arrays inside ``obj`` encode as JSON arrays (token ids sent as array views)."""
+    """Numpy arrays inside ``obj`` encode as JSON arrays (token ids sent as array views);
+    ``RawJSON`` values are embedded without re-encoding."""
     try:
-        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY, default=_fragment)
     except (orjson.JSONEncodeError, TypeError):
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_plain).encode()
 
 
+def _fragment(obj: Any) -> Any:
+    if isinstance(obj, RawJSON):
+        return obj._fragment
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
 def _plain(obj: Any) -> Any:
-    """The stdlib fallback's view of numpy values (orjson encodes them natively)."""
+    """The stdlib fallback's view of numpy values and ``RawJSON`` (orjson takes them natively)."""
+    if isinstance(obj, RawJSON):
+        return json.loads(obj.data)
     if hasattr(obj, "tolist"):
         return obj.tolist()
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")

@@ -181,3 +181,15 @@ async def test_real_vllm_echo_is_checked_by_bytes(vllm_url, vllm_model_name, tok
     await client.close()
     assert client.echo_checks == {"bytes": 1, "parsed": 0}
     assert list(gen.prompt_token_ids) == prompt and len(gen.token_ids) == len(gen.logprobs) > 0
+
+
+def test_body_with_a_pre_encoded_prompt_is_the_same_json():
+    import json as stdjson
+
+    from proxy import jsonio
+    from proxy.backend import encode_prompt
+    from proxy.trajectory import id_array
+
+    req = CompletionRequest("m", id_array([3, 1, 4, 1, 5]), 8, SamplingParams(stop=("</s>",), seed=3))
+    plain = stdjson.loads(jsonio.dumps(build_body(req)))
+    assert stdjson.loads(jsonio.dumps(build_body(req, encode_prompt(req.prompt_ids)))) == plain

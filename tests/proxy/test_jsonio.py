@@ -28,3 +28,10 @@ def test_dumps_is_compact_utf8_and_falls_back_for_big_ints_and_int_keys():
     assert jsonio.dumps({"a": "é", "b": [1, 2]}) == '{"a":"é","b":[1,2]}'.encode()
     assert json.loads(jsonio.dumps({"id": 2**70})) == {"id": 2**70}
     assert json.loads(jsonio.dumps({1: "x"})) == {"1": "x"}
+
+
+def test_raw_json_is_embedded_as_is_and_survives_the_fallback():
+    raw = jsonio.RawJSON(b"[1,2,3]")
+    assert jsonio.dumps({"p": raw, "x": 1}) == b'{"p":[1,2,3],"x":1}'
+    # a big int forces the stdlib fallback; the raw value still comes out the same
+    assert json.loads(jsonio.dumps({"p": raw, "n": 2**70})) == {"p": [1, 2, 3], "n": 2**70}
