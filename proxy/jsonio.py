@@ -7,7 +7,8 @@ proxy's ~5 ms per turn. orjson does the same in a tenth of the time.
 Behaviour is the stdlib's where orjson is stricter:
 - ``loads`` falls back to ``json.loads`` for what orjson refuses but the stdlib accepts
   (integers beyond 64 bits, ``NaN``/``Infinity`` literals), so such bodies fail or pass the
-  same way as before (the wire models reject NaN themselves). Invalid JSON raises
+  same way as before (the wire models reject NaN themselves); strings with lone surrogates
+  stay refused (``ValueError``). Invalid JSON raises
   ``ValueError`` (``json.JSONDecodeError``) either way; invalid UTF-8 raises ``ValueError``
   or ``UnicodeDecodeError``.
 - ``dumps`` falls back to ``json.dumps`` for what orjson cannot encode (integers beyond
@@ -28,7 +29,15 @@ def loads(data: bytes | str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return json.loads(data)
+        value = json.loads(data)
+    # The stdlib also accepts "\ud800"-style lone surrogates, which orjson (rightly) refuses:
+    # no UTF-8 text holds them, so the tokenizer and every encoder downstream would fail on
+    # them mid-turn. Refuse them here, where it is the client's malformed JSON.
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("JSON string holds a lone surrogate (not valid Unicode text)") from None
+    return value
 
 
 class RawJSON:

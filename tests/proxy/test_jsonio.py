@@ -35,3 +35,9 @@ def test_raw_json_is_embedded_as_is_and_survives_the_fallback():
     assert jsonio.dumps({"p": raw, "x": 1}) == b'{"p":[1,2,3],"x":1}'
     # a big int forces the stdlib fallback; the raw value still comes out the same
     assert json.loads(jsonio.dumps({"p": raw, "n": 2**70})) == {"p": [1, 2, 3], "n": 2**70}
+
+
+def test_loads_refuses_lone_surrogates_even_on_the_fallback_path():
+    with pytest.raises(ValueError, match="surrogate"):
+        jsonio.loads(b'{"stop": ["\\ud800x"]}')
+    assert jsonio.loads(b'{"s": "\\ud83d\\ude00", "n": 100000000000000000000000}')["s"] == "\U0001F600"

@@ -264,3 +264,14 @@ async def test_replicas_join_and_leave_over_the_management_api(tok):
             n_first = len(first.requests)
             assert (await http.post(a.openai_base_url + "/chat/completions", json=CHAT)).status == 200
             assert len(first.requests) == n_first and len(second.requests) == 2
+
+
+async def test_lone_surrogates_are_a_400_not_a_failed_turn(tok):
+    async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        body = b'{"model": "m", "stop": ["\\ud800"], "messages": [{"role": "user", "content": "hi"}]}'
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(h.openai_base_url + "/chat/completions", data=body,
+                                headers={"Content-Type": "application/json"})
+            assert r.status == 400 and "surrogate" in (await r.json())["error"]["message"]
+        assert not dbl.requests and srv.session_stats(h.session_id)["turns"] == 0
