@@ -28,6 +28,13 @@ The JSON also reports ``cpu_wake``: a fixed pure-Python loop timed right after 5
 vs back to back. On a VM whose vCPU slows down while idle, a single session's turns run on a
 slow CPU (the proxy idles during every generation), so the 1-session numbers carry that factor.
 
+``cache_eviction`` times two of the proxy's own per-turn steps (encoding a turn, rendering a
+template tail) back to back vs after 20 ms of spin-waiting in the same process: on this
+project's 2-vCPU VM they run 4-6x slower after the gap, so at low load the proxy's per-turn
+work costs several times what a back-to-back profile shows. ``--backend fixed`` swaps the
+scripted double for a pre-encoded reply (``start_fixed_backend``) whose CPU per call is a JSON
+decode and encode; with ``--delay-ms 0`` the gaps between turns shrink to the HTTP hops.
+
 A turn's latency is request sent -> full response read, on the client. Reported per
 concurrency: p50/p90/p99 per mode, added ms (proxy p50 - direct p50, and the same at
 p90/p99) and the ratio proxy/direct at each percentile, plus the CPU milliseconds the proxy
@@ -35,7 +42,8 @@ process and the backend process spent per turn in each mode (from /proc; on a lo
 this is steadier than wall-clock latency, which includes waiting for a core).
 
     .venv/bin/python bench/proxy_overhead.py [--concurrency 1 64] [--turns 8] [--rounds 3] [--min-turns 200]
-        [--delay-ms 50] [--reply-tokens 200] [--modes relay openai anthropic-stream] [--profile-proxy FILE]
+        [--delay-ms 50] [--backend scripted|fixed] [--reply-tokens 200] [--modes relay openai anthropic-stream]
+        [--profile-proxy FILE]
 """
 
 from __future__ import annotations
@@ -88,16 +96,62 @@ def sized_text(tok, tokens: int, salt: int) -> str:
 
 
 # -- server processes ----------------------------------------------------------------------
-async def serve_backend(delay_s: float, reply_tokens: int) -> None:
+async def serve_backend(delay_s: float, reply_tokens: int, kind: str) -> None:
     sys.path.insert(0, str(REPO))
     from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
     from trialflow.tinymodel import build_tokenizer
 
     tok = build_tokenizer(TOKENIZER_DIR)
-    reply = Reply(text=sized_text(tok, reply_tokens, salt=3), delay_s=delay_s)
-    backend = await ScriptedVLLM(tok, default=reply, max_model_len=1 << 20).start()
-    print(json.dumps({"url": backend.url, "pid": os.getpid()}), flush=True)
+    text = sized_text(tok, reply_tokens, salt=3)
+    if kind == "fixed":
+        url = await start_fixed_backend(tok, text, delay_s)
+    else:
+        backend = await ScriptedVLLM(tok, default=Reply(text=text, delay_s=delay_s), max_model_len=1 << 20).start()
+        url = backend.url
+    print(json.dumps({"url": url, "pid": os.getpid()}), flush=True)
     await asyncio.Event().wait()
+
+
+async def start_fixed_backend(tok, text: str, delay_s: float) -> str:
+    """``--backend fixed``: a TEST DOUBLE of vLLM's ``/v1/completions`` that answers one
+    pre-encoded reply (ids, text, per-token strings and logprobs built once) and echoes the
+    request's prompt ids. Its CPU per call is a JSON decode and encode, not ~6 ms of
+    detokenizing like ``tests.doubles.scripted_vllm``: with ``--delay-ms 0`` the proxy is
+    then almost never idle, which shows the proxy's cost with warm CPU caches."""
+    from aiohttp import web
+
+    from proxy import jsonio
+
+    ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids(tok.eos_token)]
+    choice = {"index": 0, "text": tok.decode(ids, skip_special_tokens=True),
+              "logprobs": {"text_offset": [0] * len(ids), "token_logprobs": [-0.5] * len(ids),
+                           "tokens": [tok.decode([t]) for t in ids], "top_logprobs": [None] * len(ids)},
+              "finish_reason": "stop", "stop_reason": None, "token_ids": ids, "prompt_logprobs": None,
+              "routed_experts": None}
+
+    async def completions(request: web.Request) -> web.Response:
+        prompt = jsonio.loads(await request.read())["prompt"]
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        body = {"id": "cmpl-fixed", "object": "text_completion", "created": 0, "model": "bench",
+                "choices": [{**choice, "prompt_token_ids": prompt}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                          "total_tokens": len(prompt) + len(ids)}}
+        return web.Response(body=jsonio.dumps(body), content_type="application/json")
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": "bench", "object": "model", "max_model_len": 1 << 20}]})
+
+    app = web.Application(client_max_size=1 << 28)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", lambda r: web.Response())
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
 
 async def serve_proxy(backend_url: str, profile: str | None) -> None:
@@ -181,6 +235,43 @@ def cpu_wake(samples: int = 40) -> dict:
         after_idle.append(timed())
     b, a = sorted(busy)[samples // 2], sorted(after_idle)[samples // 2]
     return {"busy_ms": round(b * 1e3, 3), "after_50ms_idle_ms": round(a * 1e3, 3), "ratio": round(a / b, 2)}
+
+
+def cache_eviction(samples: int = 40) -> dict:
+    """Median time of two of the proxy's per-turn steps (the Rust tokenizer encoding an ~80-token
+    turn, the chat template rendering a 3-message tail) back to back vs right after 20 ms of
+    spin-waiting. The process keeps its CPU while spinning (a loop that touches almost no
+    memory), so a slowdown here is not a sleeping CPU waking up: the step's code and data no
+    longer sit in the CPU caches after 20 ms of this process not using them."""
+    sys.path.insert(0, str(REPO))
+    from trialflow.tinymodel import build_tokenizer
+
+    tok = build_tokenizer(TOKENIZER_DIR)
+    backend = tok.backend_tokenizer
+    text = "<|im_start|>user\n" + words(60, 5) + "<|im_end|>\n<|im_start|>assistant\n"
+    tail = [{"role": "system", "content": words(300, 1)}, {"role": "assistant", "content": words(200, 3)},
+            {"role": "user", "content": words(60, 5)}]
+    steps = {"encode_turn": lambda: backend.encode(text, add_special_tokens=False),
+             "render_tail": lambda: tok.apply_chat_template(tail, tokenize=False, add_generation_prompt=True)}
+
+    def timed(f) -> float:
+        t0 = time.perf_counter()
+        f()
+        return time.perf_counter() - t0
+
+    out = {}
+    for name, f in steps.items():
+        busy = sorted(timed(f) for _ in range(10 * samples))[5 * samples]
+        after = []
+        for _ in range(samples):
+            end = time.perf_counter() + 0.02
+            while time.perf_counter() < end:
+                pass
+            after.append(timed(f))
+        a = sorted(after)[samples // 2]
+        out[name] = {"back_to_back_ms": round(busy * 1e3, 3), "after_20ms_spin_ms": round(a * 1e3, 3),
+                     "ratio": round(a / busy, 2)}
+    return out
 
 
 def spawn(*args: str) -> tuple[subprocess.Popen, dict]:
@@ -331,6 +422,8 @@ def main() -> None:
     ap.add_argument("--min-turns", type=int, default=200,
                     help="more rounds at low concurrency until each mode has this many turns")
     ap.add_argument("--delay-ms", type=float, default=50.0)
+    ap.add_argument("--backend", choices=["scripted", "fixed"], default="scripted",
+                    help="scripted: tests/doubles/scripted_vllm.py; fixed: a pre-encoded reply (start_fixed_backend)")
     ap.add_argument("--reply-tokens", type=int, default=200)
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--tools", type=int, default=0,
@@ -342,7 +435,7 @@ def main() -> None:
                     help="cProfile the proxy process; pstats written to FILE at the end")
     args = ap.parse_args()
     if args.serve_backend:
-        asyncio.run(serve_backend(args.delay_ms / 1e3, args.reply_tokens))
+        asyncio.run(serve_backend(args.delay_ms / 1e3, args.reply_tokens, args.backend))
         return
     if args.serve_proxy:
         # the loop `trialflow proxy` and the worker run on (TRIALFLOW_EVENT_LOOP picks it)
@@ -352,7 +445,7 @@ def main() -> None:
         return
     procs = []
     try:
-        backend_proc, backend = spawn("--serve-backend", "--delay-ms", str(args.delay_ms),
+        backend_proc, backend = spawn("--serve-backend", "--backend", args.backend, "--delay-ms", str(args.delay_ms),
                                       "--reply-tokens", str(args.reply_tokens))
         procs.append(backend_proc)
         proxy_proc, proxy = spawn("--serve-proxy", backend["url"],
@@ -361,15 +454,16 @@ def main() -> None:
         load_before = os.getloadavg()
         started = time.time()
         wake = cpu_wake()
+        eviction = cache_eviction()
         results = asyncio.run(load(args, backend["url"], proxy["url"], proxy["relay_url"],
                                    {"proxy": proxy["pid"], "backend": backend["pid"]}))
         out = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
                "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(),
                "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-               "delay_ms": args.delay_ms, "reply_tokens": args.reply_tokens,
+               "backend": args.backend, "delay_ms": args.delay_ms, "reply_tokens": args.reply_tokens,
                "system_tokens": args.system_tokens, "tools": args.tools, "rounds": args.rounds,
                "proxy_event_loop": os.environ.get("TRIALFLOW_EVENT_LOOP") or "default (uvloop if installed)",
-               "cpu_wake": wake, "results": results}
+               "cpu_wake": wake, "cache_eviction": eviction, "results": results}
         print(json.dumps(out, indent=2))
     finally:
         for p in reversed(procs):  # proxy first: it may be writing a profile
