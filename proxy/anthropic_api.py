@@ -60,7 +60,7 @@ from pydantic import Field
 from proxy import jsonio
 from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome
 from proxy.errors import BackendError, InvalidRequest, ProtocolError, ProxyError
-from proxy.wire import WireModel, generic, note_unused, pieces, validate
+from proxy.wire import ToolListParser, WireModel, generic, note_unused, pieces, validate
 
 log = logging.getLogger(__name__)
 
@@ -318,9 +318,11 @@ def _note(block: WireModel, path: str, ignored: set[str]) -> None:
     note_unused(block, path, {"cache_control", "citations"}, ignored)
 
 
-def _tools(raw: list[dict[str, Any]] | None, ignored: set[str]) -> list[ToolSpec] | None:
+def _validate_tools(raw: list[dict[str, Any]]) -> tuple[tuple[ToolSpec, ...], frozenset[str]]:
+    """(tool specs, ignored-field notes) of a request's ``tools``; raises ``InvalidRequest``."""
     specs: list[ToolSpec] = []
-    for i, t in enumerate(raw or ()):
+    ignored: set[str] = set()
+    for i, t in enumerate(raw):
         kind = t.get("type")
         if kind is not None and kind != "custom":
             log.info("skipping server tool %r (type %r): the proxy serves client tools only", t.get("name"), kind)
@@ -333,7 +335,10 @@ def _tools(raw: list[dict[str, Any]] | None, ignored: set[str]) -> list[ToolSpec
             function["description"] = tool.description
         function["parameters"] = tool.input_schema
         specs.append({"type": "function", "function": function})
-    return specs or None
+    return tuple(specs), frozenset(ignored)
+
+
+_tools = ToolListParser(_validate_tools)
 
 
 def _tool_choice(choice: ToolChoice | None, ignored: set[str]) -> Any:

@@ -52,7 +52,7 @@ from pydantic import Field
 from proxy import jsonio
 from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome
 from proxy.errors import BackendError, ContextExhausted, InvalidRequest, ProtocolError, ProxyError
-from proxy.wire import WireModel, generic, note_unused, pieces, validate
+from proxy.wire import ToolListParser, WireModel, generic, note_unused, pieces, validate
 
 log = logging.getLogger(__name__)
 
@@ -222,9 +222,11 @@ def _text_of(content: str | list[dict[str, Any]] | None, path: str, ignored: set
     return "\n".join(texts)
 
 
-def _tools(raw: list[dict[str, Any]] | None, ignored: set[str]) -> list[ToolSpec] | None:
+def _validate_tools(raw: list[dict[str, Any]]) -> tuple[tuple[ToolSpec, ...], frozenset[str]]:
+    """(tool specs, ignored-field notes) of a request's ``tools``; raises ``InvalidRequest``."""
     specs: list[ToolSpec] = []
-    for i, t in enumerate(raw or ()):
+    ignored: set[str] = set()
+    for i, t in enumerate(raw):
         if t.get("type") != "function":
             log.info("skipping tool of type %r: the proxy serves function tools only", t.get("type"))
             ignored.add(f"tools[].type={t.get('type')}")
@@ -237,7 +239,10 @@ def _tools(raw: list[dict[str, Any]] | None, ignored: set[str]) -> list[ToolSpec
         if tool.function.parameters is not None:
             function["parameters"] = tool.function.parameters
         specs.append({"type": "function", "function": function})
-    return specs or None
+    return tuple(specs), frozenset(ignored)
+
+
+_tools = ToolListParser(_validate_tools)
 
 
 def _thinking(req: ChatCompletionRequest, ignored: set[str]) -> bool | None:

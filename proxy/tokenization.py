@@ -147,11 +147,19 @@ def _text(content: Any) -> str:
 
 def system_key(messages: list[Message]) -> str:
     """Hash of the system-role texts before the first non-system message."""
+    return _hash_texts(_system_texts(messages))
+
+
+def _system_texts(messages: list[Message]) -> tuple[str, ...]:
     texts = []
     for m in messages:
         if m.get("role") != "system":
             break
         texts.append(_text(m.get("content")))
+    return tuple(texts)
+
+
+def _hash_texts(texts: tuple[str, ...]) -> str:
     return hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:16]
 
 
@@ -239,6 +247,8 @@ class ConversationTracker:
         self._recorded: dict[int, _Recorded] = {}
         # Template locality per tail shape: absent = not probed yet (see _delta_text).
         self._tail_ok: dict[tuple, bool] = {}
+        # (system texts, their system_key) of the last request
+        self._last_system: tuple[tuple[str, ...] | None, str] = (None, "")
 
     # ------------------------------------------------------------------ rendering
 
@@ -270,7 +280,12 @@ class ConversationTracker:
         if not messages:
             raise InvalidRequest("messages must not be empty", param="messages")
         tools = tuple(request.tools or ())
-        key = system_key(messages)
+        # A coding agent's system prompt is tens of KB and the same every turn: comparing it
+        # with the last one seen is a memcmp, hashing it again is not.
+        texts = _system_texts(messages)
+        if texts != self._last_system[0]:
+            self._last_system = (texts, _hash_texts(texts))
+        key = self._last_system[1]
         if self._main_key is None:
             kind: SegmentKind = "main" if self.main_thread == "first" or tools else "side"
         else:

@@ -9,15 +9,21 @@
 - ``generic(path)``: ``messages[3].content[1].x`` -> ``messages[].content[].x``, the form
   used in ``ChatRequest.ignored_fields`` so the list stays short.
 - ``pieces(s, size)``: split text for streaming deltas.
+- ``RecentParses``: the last few results of an expensive parse, found again by the exact JSON
+  of the input; ``ToolListParser`` uses it for request tool lists (scaffolds resend the same
+  tens of KB of schemas every turn).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from proxy import jsonio
 from proxy.errors import InvalidRequest
 
 
@@ -26,6 +32,7 @@ class WireModel(BaseModel):
 
 
 W = TypeVar("W", bound=WireModel)
+R = TypeVar("R")
 
 
 def validate(model: type[W], data: Any, path: str = "") -> W:
@@ -82,3 +89,49 @@ def pieces(s: str, size: int) -> list[str]:
     """``s`` in consecutive pieces of at most ``size`` characters ([] for "")."""
     size = max(size, 1)
     return [s[i : i + size] for i in range(0, len(s), size)]
+
+
+class RecentParses(Generic[R]):
+    """``parse(value)`` for a decoded JSON value, remembered for the last ``size`` distinct
+    values. The key is the value's JSON text, not Python equality (``1 == 1.0 == True``, but a
+    schema's ``true`` and ``1`` render differently in a chat template). A parse that raises is
+    not remembered. Results are shared between requests and sessions: treat them as read-only.
+
+    Why: validating 40 tool schemas with pydantic costs ~0.5 ms per turn; the JSON text of the
+    same list costs a tenth of that, and a scaffold sends the same list with every request.
+    """
+
+    def __init__(self, parse: Callable[[Any], R], size: int = 16) -> None:
+        self._parse, self._size = parse, size
+        self._results: OrderedDict[bytes, R] = OrderedDict()
+
+    def __call__(self, value: Any) -> R:
+        try:
+            key = jsonio.dumps(value)
+        except (TypeError, ValueError):  # not plain JSON: nothing to key on
+            return self._parse(value)
+        result = self._results.get(key)
+        if result is None:
+            result = self._parse(value)
+            self._results[key] = result
+            if len(self._results) > self._size:
+                self._results.popitem(last=False)
+        else:
+            self._results.move_to_end(key)
+        return result
+
+
+class ToolListParser:
+    """``parser(raw_tools, ignored) -> list of tool specs or None`` for a protocol adapter.
+    ``validate_tools(raw) -> (specs, ignored-field notes)`` runs once per distinct list (see
+    ``RecentParses``); its notes are added to ``ignored`` on every request that sends the list."""
+
+    def __init__(self, validate_tools: Callable[[list[Any]], tuple[tuple[Any, ...], frozenset[str]]]) -> None:
+        self._recent = RecentParses(validate_tools)
+
+    def __call__(self, raw: list[Any] | None, ignored: set[str]) -> list[Any] | None:
+        if not raw:
+            return None
+        specs, noted = self._recent(raw)
+        ignored |= noted
+        return list(specs) or None

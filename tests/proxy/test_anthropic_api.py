@@ -453,3 +453,19 @@ def test_error_event_mid_stream():
 
 def test_models_response():
     assert api.models_response(["tiny"])["data"][0]["id"] == "tiny"
+
+
+def test_a_resent_tool_list_parses_the_same_and_a_bad_one_fails_every_time():
+    """See the OpenAI adapter's test of the same name (proxy.wire.RecentParses)."""
+    def tools(flag):
+        return [{"name": "Bash", "cache_control": {"type": "ephemeral"}, "input_schema": {
+            "type": "object", "properties": {"command": {"type": "string", "default": flag}}}}]
+
+    first, again = (api.parse_messages_request(minimal(tools=tools(True))) for _ in range(2))
+    assert again.tools == first.tools and again.ignored_fields == first.ignored_fields
+    assert "tools[].cache_control" in first.ignored_fields
+    changed = api.parse_messages_request(minimal(tools=tools(1)))
+    assert changed.tools[0]["function"]["parameters"]["properties"]["command"]["default"] is not True
+    for _ in range(2):
+        with pytest.raises(InvalidRequest, match=r"tools\[0\]\.name"):
+            api.parse_messages_request(minimal(tools=[{"name": 5, "input_schema": {}}]))

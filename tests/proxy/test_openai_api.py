@@ -419,3 +419,21 @@ def test_sse_error_and_framing():
 def test_models_response():
     listing = openai.types.Model.model_validate(api.models_response(["tiny", "big"])["data"][1])
     assert listing.id == "big"
+
+
+def test_a_resent_tool_list_parses_the_same_and_a_bad_one_fails_every_time():
+    """Tool lists are parsed once and found again by their JSON (proxy.wire.RecentParses): a
+    scaffold's next request gets equal specs and the same ignored-field notes, and a request
+    changing one schema value (``true`` -> ``1``) gets its own."""
+    def tools(flag):
+        return [{"type": "function", "function": {"name": "bash", "strict": True, "parameters": {
+            "type": "object", "properties": {"command": {"type": "string", "default": flag}}}}}]
+
+    first, again = (api.parse_chat_request(minimal(tools=tools(True))) for _ in range(2))
+    assert again.tools == first.tools and again.ignored_fields == first.ignored_fields == ("tools[].function.strict",)
+    changed = api.parse_chat_request(minimal(tools=tools(1)))
+    assert changed.tools[0]["function"]["parameters"]["properties"]["command"]["default"] is not True
+    bad = [{"type": "function", "function": {"name": 5}}]
+    for _ in range(2):
+        with pytest.raises(InvalidRequest, match=r"tools\[0\]\.function\.name"):
+            api.parse_chat_request(minimal(tools=bad))

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import InvalidRequest
-from proxy.wire import WireModel, generic, note_unused, pieces, validate
+from proxy.wire import RecentParses, WireModel, generic, note_unused, pieces, validate
 
 
 class Inner(WireModel):
@@ -57,3 +57,34 @@ def test_unused_fields_are_named_generically():
 def test_pieces_rejoin(s, size):
     parts = pieces(s, size)
     assert "".join(parts) == s and all(0 < len(p) <= max(size, 1) for p in parts)
+
+
+def test_recent_parses_reuses_a_result_for_the_same_json_only():
+    calls = []
+
+    def parse(value):
+        calls.append(value)
+        return ("parsed", len(calls))
+
+    recent = RecentParses(parse, size=2)
+    first = recent([{"a": 1, "b": True}])
+    assert recent([{"a": 1, "b": True}]) is first and len(calls) == 1  # an equal fresh value: reused
+    # Python equality would call these the same; their JSON (and a template's rendering) differs
+    for other in ([{"a": 1, "b": 1}], [{"a": 1.0, "b": True}], [{"b": True, "a": 1}]):
+        assert recent(other) is not first
+    assert len(calls) == 4
+    # least recently used first out: the first value was pushed out by the last two
+    recent([{"a": 1, "b": True}])
+    assert len(calls) == 5
+
+
+def test_recent_parses_does_not_remember_a_failure():
+    def parse(value):
+        if value == ["bad"]:
+            raise InvalidRequest("bad")
+        return value
+
+    recent = RecentParses(parse)
+    for _ in range(2):
+        with pytest.raises(InvalidRequest):
+            recent(["bad"])
