@@ -41,12 +41,13 @@ disconnects does not cancel it: its tokens are still recorded.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,21 @@ class _Entry:
     session: Session
     secret: str
     own_pool: ReplicaPool | None  # a pool created for this session's own replica list
+
+
+ManagementHandler = Callable[[Any, web.Request], Awaitable[web.Response]]
+
+
+def _management(handler: ManagementHandler) -> ManagementHandler:
+    """A management handler whose ``ProxyError`` is answered as ``{"error": {type, message}}``
+    with the error's status (the protocol routes answer in their protocol's own shape)."""
+    @functools.wraps(handler)
+    async def answer(self: Any, request: web.Request) -> web.Response:
+        try:
+            return await handler(self, request)
+        except ProxyError as exc:
+            return _mgmt_error(exc)
+    return answer
 
 
 class ProxyServer:
@@ -232,39 +248,34 @@ class ProxyServer:
         return app
 
     # -- management handlers --------------------------------------------------------------
+    # Each raises ProxyError for a bad request; ``_management`` answers it as a JSON error.
+    @_management
     async def _create(self, request: web.Request) -> web.Response:
+        body = await _read_json(request, self.max_body_bytes) if request.can_read_body else {}
         try:
-            body = await _read_json(request, self.max_body_bytes) if request.can_read_body else {}
             config = self.defaults.with_overrides(body)
-        except ProxyError as exc:
-            return _mgmt_error(exc)
         except (TypeError, ValueError) as exc:
-            return _mgmt_error(InvalidRequest(str(exc)))
+            raise InvalidRequest(str(exc)) from None
         handle = self.open_session(config)
         return _json_response(
             {"session_id": handle.session_id, "anthropic_base_url": handle.anthropic_base_url,
              "openai_base_url": handle.openai_base_url}
         )
 
+    @_management
     async def _policy_version(self, request: web.Request) -> web.Response:
-        try:
-            body = await _read_json(request, self.max_body_bytes)
-            version = body.get("version") if isinstance(body, dict) else None
-            if isinstance(version, bool) or not isinstance(version, int):
-                raise InvalidRequest('body must be {"version": <int>}')
-        except ProxyError as exc:
-            return _mgmt_error(exc)
+        body = await _read_json(request, self.max_body_bytes)
+        version = body.get("version") if isinstance(body, dict) else None
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise InvalidRequest('body must be {"version": <int>}')
         return _json_response({"version": version, "sessions": self.set_policy_version(version)})
 
     async def _replicas(self, request: web.Request) -> web.Response:
         return _json_response(self.replica_listing())
 
+    @_management
     async def _change_replicas(self, request: web.Request) -> web.Response:
-        try:
-            body = await _read_json(request, self.max_body_bytes)
-            add, remove = _replica_changes(body)
-        except ProxyError as exc:
-            return _mgmt_error(exc)
+        add, remove = _replica_changes(await _read_json(request, self.max_body_bytes))
         for url in add:
             self.pool.add_replica(url)
         for url in remove:
@@ -279,17 +290,13 @@ class ProxyServer:
              "failures": r.failures, "max_model_len": r.max_model_len}
             for r in self.pool.replicas]}
 
+    @_management
     async def _stats(self, request: web.Request) -> web.Response:
-        try:
-            return _json_response(self.session_stats(request.match_info["sid"]))
-        except ProxyError as exc:
-            return _mgmt_error(exc)
+        return _json_response(self.session_stats(request.match_info["sid"]))
 
+    @_management
     async def _close(self, request: web.Request) -> web.Response:
-        try:
-            trajectory = await self.close_session(request.match_info["sid"])
-        except ProxyError as exc:
-            return _mgmt_error(exc)
+        trajectory = await self.close_session(request.match_info["sid"])
         if request.query.get("format") == "json":
             return _json_response(Session.summary(trajectory))
         return web.Response(body=trajectory.to_bytes(), content_type="application/octet-stream")
