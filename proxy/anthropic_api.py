@@ -2,8 +2,8 @@
 
 Public API (called by the server / session)::
 
-    parse_messages_request(body: Any) -> ChatRequest          # POST /v1/messages
-    parse_count_tokens_request(body: Any) -> ChatRequest      # POST /v1/messages/count_tokens
+    parse_messages_request(body, memo=None) -> ChatRequest    # POST /v1/messages
+    parse_count_tokens_request(body, memo=None) -> ChatRequest  # POST /v1/messages/count_tokens
     count_tokens_response(n: int) -> dict
     build_message(outcome, *, model, message_id) -> dict      # non-streaming answer
     stream_events(outcome, *, model, message_id) -> Iterator[tuple[str, dict]]
@@ -58,9 +58,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from proxy import jsonio
-from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome
+from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome, name_tool_results
 from proxy.errors import BackendError, InvalidRequest, ProtocolError, ProxyError
-from proxy.wire import ToolListParser, WireModel, generic, note_unused, pieces, validate
+from proxy.wire import (
+    Converted, MessageMemo, ToolListParser, WireModel, convert_messages, generic, note_unused, pieces, validate)
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class ThinkingConfig(WireModel):
 
 class CountTokensRequest(WireModel):
     model: str
-    messages: list[MessageParam] = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)  # each entry is validated by _convert_message()
     system: str | list[TextBlock] | None = None
     tools: list[dict[str, Any]] | None = None  # each entry is validated by _tools()
     tool_choice: ToolChoice | None = None
@@ -163,8 +164,9 @@ _UNSUPPORTED = {"image": "images", "document": "documents"}
 # Requests
 
 
-def parse_messages_request(body: Any) -> ChatRequest:
-    """Translate a ``/v1/messages`` body. Raises ``InvalidRequest`` (400) on any bad input."""
+def parse_messages_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest:
+    """Translate a ``/v1/messages`` body. Raises ``InvalidRequest`` (400) on any bad input.
+    With a session's ``memo``, messages it converted before are not validated again."""
     req = validate(MessagesRequest, body)
     sampling = SamplingParams(
         max_tokens=req.max_tokens,
@@ -173,27 +175,26 @@ def parse_messages_request(body: Any) -> ChatRequest:
         top_k=-1 if req.top_k is None else req.top_k,
         stop=tuple(req.stop_sequences or ()),
     )
-    return _chat_request(req, sampling, stream=bool(req.stream))
+    return _chat_request(req, sampling, stream=bool(req.stream), memo=memo)
 
 
-def parse_count_tokens_request(body: Any) -> ChatRequest:
+def parse_count_tokens_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest:
     """Translate a ``/v1/messages/count_tokens`` body (no ``max_tokens``; sampling defaults)."""
-    return _chat_request(validate(CountTokensRequest, body), SamplingParams(), stream=False)
+    return _chat_request(validate(CountTokensRequest, body), SamplingParams(), stream=False, memo=memo)
 
 
 def count_tokens_response(n: int) -> dict[str, Any]:
     return {"input_tokens": n}
 
 
-def _chat_request(req: CountTokensRequest, sampling: SamplingParams, stream: bool) -> ChatRequest:
+def _chat_request(req: CountTokensRequest, sampling: SamplingParams, stream: bool,
+                  memo: MessageMemo | None) -> ChatRequest:
     ignored: set[str] = {k for k in req.model_fields_set if k not in _ACTED_ON}
     ignored |= set(req.model_extra or ())
     messages: list[Message] = []
     if req.system is not None:
         messages.append({"role": "system", "content": _text_of(req.system, "system", ignored)})
-    tool_names: dict[str, str] = {}
-    for i, m in enumerate(req.messages):
-        messages.extend(_message(m, f"messages[{i}]", tool_names, ignored))
+    messages = name_tool_results(messages + convert_messages(req.messages, _convert_message, memo, ignored))
     thinking = None if req.thinking is None else req.thinking.type != "disabled"
     if req.thinking is not None:
         ignored |= {f"thinking.{k}" for k in req.thinking.model_fields_set - {"type"}}
@@ -210,17 +211,24 @@ def _chat_request(req: CountTokensRequest, sampling: SamplingParams, stream: boo
     )
 
 
-def _message(m: MessageParam, path: str, tool_names: dict[str, str], ignored: set[str]) -> list[Message]:
+def _convert_message(raw: Any, path: str) -> Converted:
+    """One wire message -> (its chat messages, ignored-field notes); tool names are filled in
+    afterwards over the whole history (``chat.name_tool_results``)."""
+    ignored: set[str] = set()
+    return tuple(_message(validate(MessageParam, raw, path), path, ignored)), frozenset(ignored)
+
+
+def _message(m: MessageParam, path: str, ignored: set[str]) -> list[Message]:
     if m.role == "system":
         return [{"role": "system", "content": _text_of(m.content, f"{path}.content", ignored)}]
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
     if m.role == "user":
-        return _user_messages(m.content, path, tool_names, ignored)
-    return [_assistant_message(m.content, path, tool_names, ignored)]
+        return _user_messages(m.content, path, ignored)
+    return [_assistant_message(m.content, path, ignored)]
 
 
-def _user_messages(content: list[Any], path: str, tool_names: dict[str, str], ignored: set[str]) -> list[Message]:
+def _user_messages(content: list[Any], path: str, ignored: set[str]) -> list[Message]:
     """Tool results first (in order), then one user message with the text, if any."""
     texts: list[str] = []
     out: list[Message] = []
@@ -229,13 +237,13 @@ def _user_messages(content: list[Any], path: str, tool_names: dict[str, str], ig
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ToolResultBlock):
-            out.append(_tool_message(block, f"{path}.content[{j}]", tool_names, ignored))
+            out.append(_tool_message(block, f"{path}.content[{j}]", ignored))
     if texts or not out:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
 
 
-def _assistant_message(content: list[Any], path: str, tool_names: dict[str, str], ignored: set[str]) -> Message:
+def _assistant_message(content: list[Any], path: str, ignored: set[str]) -> Message:
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -247,7 +255,6 @@ def _assistant_message(content: list[Any], path: str, tool_names: dict[str, str]
         elif isinstance(block, ThinkingBlock):
             reasoning.append(block.thinking)
         elif isinstance(block, ToolUseBlock):
-            tool_names[block.id] = block.name
             calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
     msg: Message = {"role": "assistant", "content": "\n".join(texts)}
     if any(reasoning):
@@ -257,11 +264,9 @@ def _assistant_message(content: list[Any], path: str, tool_names: dict[str, str]
     return msg
 
 
-def _tool_message(block: ToolResultBlock, path: str, tool_names: dict[str, str], ignored: set[str]) -> Message:
+def _tool_message(block: ToolResultBlock, path: str, ignored: set[str]) -> Message:
     content = "" if block.content is None else _text_of(block.content, f"{path}.content", ignored)
     msg: Message = {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}
-    if block.tool_use_id in tool_names:
-        msg["name"] = tool_names[block.tool_use_id]
     if block.is_error:
         msg["is_error"] = True
     return msg

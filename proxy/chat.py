@@ -119,3 +119,20 @@ def assistant_message(parsed: ParsedOutput) -> Message:
             for tc in parsed.tool_calls
         ]
     return msg
+
+
+def name_tool_results(messages: list[Message]) -> list[Message]:
+    """``messages`` with each tool message named after the earlier assistant tool call it
+    answers (a matching ``tool_call_id``); a tool message without a match keeps its own name,
+    if any. Named messages are copies: the adapters' converted messages may be shared
+    between requests (``proxy.wire.MessageMemo``), so they are never changed in place."""
+    names: dict[str, str] = {}
+    out = []
+    for m in messages:
+        for call in m.get("tool_calls") or ():
+            names[call["id"]] = call["function"]["name"]
+        call_id = m.get("tool_call_id") if m.get("role") == "tool" else None
+        if call_id in names and m.get("name") != names[call_id]:
+            m = {**m, "name": names[call_id]}
+        out.append(m)
+    return out

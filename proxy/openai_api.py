@@ -2,7 +2,7 @@
 
 Public API (called by the server / session)::
 
-    parse_chat_request(body: Any) -> ChatRequest               # POST /v1/chat/completions
+    parse_chat_request(body, memo=None) -> ChatRequest         # POST /v1/chat/completions
     build_chat_completion(outcome, *, model, completion_id, created) -> dict
     stream_chunks(outcome, *, model, completion_id, created, include_usage) -> Iterator[dict]
     sse_chunk(chunk) -> bytes                                  # b"data: {...}\\n\\n"
@@ -50,9 +50,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from proxy import jsonio
-from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome
+from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome, name_tool_results
 from proxy.errors import BackendError, ContextExhausted, InvalidRequest, ProtocolError, ProxyError
-from proxy.wire import ToolListParser, WireModel, generic, note_unused, pieces, validate
+from proxy.wire import (
+    Converted, MessageMemo, ToolListParser, WireModel, convert_messages, generic, note_unused, pieces, validate)
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class StreamOptions(WireModel):
 
 class ChatCompletionRequest(WireModel):
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)  # each entry is validated by _convert_message()
     tools: list[dict[str, Any]] | None = None  # each entry is validated by _tools()
     tool_choice: str | dict[str, Any] | None = None
     stream: bool | None = None
@@ -128,16 +129,14 @@ _UNSUPPORTED_PARTS = {"image_url": "images", "input_audio": "audio", "file": "fi
 # Requests
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
-    """Translate a ``/v1/chat/completions`` body. Raises ``InvalidRequest`` (400) on any bad input."""
+def parse_chat_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest:
+    """Translate a ``/v1/chat/completions`` body. Raises ``InvalidRequest`` (400) on any bad input.
+    With a session's ``memo``, messages it converted before are not validated again."""
     req = validate(ChatCompletionRequest, body)
     if req.n is not None and req.n != 1:
         raise InvalidRequest(f"n: must be 1 (this proxy generates one choice per request), got {req.n}", param="n")
     ignored: set[str] = {k for k in req.model_fields_set if k not in _ACTED_ON} | set(req.model_extra or ())
-    messages: list[Message] = []
-    tool_names: dict[str, str] = {}
-    for i, m in enumerate(req.messages):
-        messages.append(_message(m, f"messages[{i}]", tool_names, ignored))
+    messages = name_tool_results(convert_messages(req.messages, _convert_message, memo, ignored))
     if req.stream_options is not None:
         note_unused(req.stream_options, "stream_options", set(), ignored)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
@@ -162,7 +161,14 @@ def parse_chat_request(body: Any) -> ChatRequest:
     )
 
 
-def _message(m: ChatMessage, path: str, tool_names: dict[str, str], ignored: set[str]) -> Message:
+def _convert_message(raw: Any, path: str) -> Converted:
+    """One wire message -> (the chat message, ignored-field notes); tool names are filled in
+    afterwards over the whole history (``chat.name_tool_results``)."""
+    ignored: set[str] = set()
+    return (_message(validate(ChatMessage, raw, path), path, ignored),), frozenset(ignored)
+
+
+def _message(m: ChatMessage, path: str, ignored: set[str]) -> Message:
     note_unused(m, path, {"name", "refusal"} if m.role != "tool" else {"refusal"}, ignored)
     role = "system" if m.role == "developer" else m.role
     msg: Message = {"role": role, "content": _text_of(m.content, f"{path}.content", ignored)}
@@ -170,16 +176,13 @@ def _message(m: ChatMessage, path: str, tool_names: dict[str, str], ignored: set
         if m.tool_call_id is None:
             raise InvalidRequest(f"{path}.tool_call_id: required for role 'tool'", param=f"{path}.tool_call_id")
         msg["tool_call_id"] = m.tool_call_id
-        name = tool_names.get(m.tool_call_id, m.name)
-        if name is not None:
-            msg["name"] = name
+        if m.name is not None:
+            msg["name"] = m.name  # the matching tool call's name wins (name_tool_results)
     elif m.role == "assistant":
         reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
         if reasoning:
             msg["reasoning_content"] = reasoning
         calls = [_tool_call(tc, f"{path}.tool_calls[{j}]") for j, tc in enumerate(m.tool_calls or ())]
-        for call in calls:
-            tool_names[call["id"]] = call["function"]["name"]
         if calls:
             msg["tool_calls"] = calls
     else:

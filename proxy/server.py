@@ -312,7 +312,8 @@ class ProxyServer:
         render = anthropic_api.render_error
         try:
             session = self._lookup(request)
-            chat = anthropic_api.parse_messages_request(await _read_json(request, self.max_body_bytes))
+            chat = anthropic_api.parse_messages_request(
+                await _read_json(request, self.max_body_bytes), session.message_memo)
         except ProxyError as exc:
             return _error(render(exc))
         session.note_ignored(chat.ignored_fields)
@@ -335,7 +336,8 @@ class ProxyServer:
     async def _anthropic_count_tokens(self, request: web.Request) -> web.Response:
         try:
             session = self._lookup(request)
-            chat = anthropic_api.parse_count_tokens_request(await _read_json(request, self.max_body_bytes))
+            chat = anthropic_api.parse_count_tokens_request(
+                await _read_json(request, self.max_body_bytes), session.message_memo)
             n = session.count_tokens(chat)
         except ProxyError as exc:
             return _error(anthropic_api.render_error(exc))
@@ -345,7 +347,7 @@ class ProxyServer:
         render = openai_api.render_error
         try:
             session = self._lookup(request)
-            chat = openai_api.parse_chat_request(await _read_json(request, self.max_body_bytes))
+            chat = openai_api.parse_chat_request(await _read_json(request, self.max_body_bytes), session.message_memo)
         except ProxyError as exc:
             return _error(render(exc))
         session.note_ignored(chat.ignored_fields)

@@ -51,6 +51,7 @@ from proxy.pool import ReplicaPool
 from proxy.prefix_cache import PrefixCache
 from proxy.tokenization import ConversationTracker, MainThreadRule, TurnInfo
 from proxy.trajectory import Mark, Trajectory
+from proxy.wire import MessageMemo
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,9 @@ class Session:
         self._lock = asyncio.Lock()
         self._pending_checkpoint: asyncio.Task[None] | None = None
         self._ignored_logged: set[str] = set()
+        # The history messages this session's requests carried, converted (the adapters take
+        # it, so a resent history is validated only where it is new)
+        self.message_memo = MessageMemo()
         # Resolve parser names now, so a typo fails at session creation, not mid-trial.
         parse_output("", reasoning=config.reasoning_parser, tools=config.tool_parser)
 
