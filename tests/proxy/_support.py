@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -15,6 +16,28 @@ ANTHROPIC_TOOLS = [{"name": "Bash", "description": "Run a shell command",
                                      "required": ["command"]}}]
 OPENAI_TOOLS = [{"type": "function", "function": {"name": "Bash", "description": "Run a shell command",
                                                    "parameters": ANTHROPIC_TOOLS[0]["input_schema"]}}]
+
+
+SCAFFOLD_BIN = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "node_modules" / ".bin"
+
+
+def write_hi_call(tool: str) -> str:
+    """The scripted model's call of a scaffold's shell tool ``tool`` that writes out.txt."""
+    return (f'<tool_call>\n{{"name": "{tool}", "arguments": {{"command": "echo hi > out.txt", '
+            '"description": "Write hi to out.txt"}}\n</tool_call>')
+
+
+async def run_cli(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float = 240) -> tuple[int, bytes, bytes]:
+    """(exit code, stdout, stderr) of a scaffold CLI; killed after ``timeout_s``."""
+    proc = await asyncio.create_subprocess_exec(*argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+    except asyncio.TimeoutError:
+        proc.kill()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out, err
 
 
 def load_tokenizer(model_dir: Path):

@@ -8,21 +8,17 @@ tools) get a default reply and land in side segments.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
-from tests.proxy._support import load_tokenizer, proxy_server
+from tests.proxy._support import SCAFFOLD_BIN, load_tokenizer, proxy_server, run_cli, write_hi_call
 
 pytestmark = pytest.mark.scaffold_cli
 
-CLAUDE = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "node_modules" / ".bin" / "claude"
-BASH_CALL = ('<tool_call>\n{"name": "Bash", "arguments": {"command": "echo hi > out.txt", '
-             '"description": "Write hi to out.txt"}}\n</tool_call>')
+CLAUDE = SCAFFOLD_BIN / "claude"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +32,7 @@ def _is_main(prompt: str) -> bool:
 
 @pytest.mark.skipif(not CLAUDE.exists(), reason="Claude Code not installed (infra/setup.sh)")
 async def test_claude_code_runs_a_tool_through_the_proxy(tok, tmp_path):
-    script = [Reply(BASH_CALL), Reply("I wrote hi to out.txt.")]
+    script = [Reply(write_hi_call("Bash")), Reply("I wrote hi to out.txt.")]
     async with ScriptedVLLM(tok, script=script, match=_is_main, default=Reply("Greeting"),
                             max_model_len=1_000_000) as dbl:
         async with proxy_server(tok, dbl.url, max_context_tokens=None) as srv:
@@ -48,17 +44,10 @@ async def test_claude_code_runs_a_tool_through_the_proxy(tok, tmp_path):
                 "ANTHROPIC_BASE_URL": h.anthropic_base_url, "ANTHROPIC_API_KEY": "dummy",
                 "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             }
-            proc = await asyncio.create_subprocess_exec(
-                str(CLAUDE), "-p", "Create a file out.txt containing hi.", "--dangerously-skip-permissions",
-                "--output-format", "json", cwd=work, env=env,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            )
-            try:
-                out, err = await asyncio.wait_for(proc.communicate(), timeout=240)
-            except asyncio.TimeoutError:
-                proc.kill()
-                raise
-            assert proc.returncode == 0, (out[-2000:], err[-2000:])
+            code, out, err = await run_cli(
+                [str(CLAUDE), "-p", "Create a file out.txt containing hi.", "--dangerously-skip-permissions",
+                 "--output-format", "json"], work, env)
+            assert code == 0, (out[-2000:], err[-2000:])
             result = json.loads(out)
             traj = srv.session(h.session_id).trajectory
     assert (work / "out.txt").read_text().strip() == "hi"

@@ -9,21 +9,17 @@ then answers with text; side calls (title generation) get a default reply.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
-from tests.proxy._support import load_tokenizer, proxy_server
+from tests.proxy._support import SCAFFOLD_BIN, load_tokenizer, proxy_server, run_cli, write_hi_call
 
 pytestmark = pytest.mark.scaffold_cli
 
-OPENCODE = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "node_modules" / ".bin" / "opencode"
-BASH_CALL = ('<tool_call>\n{"name": "bash", "arguments": {"command": "echo hi > out.txt", '
-             '"description": "Write hi to out.txt"}}\n</tool_call>')
+OPENCODE = SCAFFOLD_BIN / "opencode"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +49,7 @@ def opencode_config(openai_base_url: str) -> dict:
 
 @pytest.mark.skipif(not OPENCODE.exists(), reason="OpenCode not installed (infra/setup.sh)")
 async def test_opencode_runs_a_tool_through_the_proxy(tok, tmp_path):
-    script = [Reply(BASH_CALL), Reply("I wrote hi to out.txt.")]
+    script = [Reply(write_hi_call("bash")), Reply("I wrote hi to out.txt.")]
     async with ScriptedVLLM(tok, script=script, match=lambda p: '"name": "bash"' in p, default=Reply("Greeting"),
                             max_model_len=1_000_000) as dbl:
         async with proxy_server(tok, dbl.url, max_context_tokens=None) as srv:
@@ -66,17 +62,10 @@ async def test_opencode_runs_a_tool_through_the_proxy(tok, tmp_path):
                 "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
                 "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
             }
-            proc = await asyncio.create_subprocess_exec(
-                str(OPENCODE), "run", "--format", "json", "-m", "trialflow/policy",
-                "Create a file out.txt containing hi.", cwd=work, env=env,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            )
-            try:
-                out, err = await asyncio.wait_for(proc.communicate(), timeout=240)
-            except asyncio.TimeoutError:
-                proc.kill()
-                raise
-            assert proc.returncode == 0, (out[-3000:], err[-3000:])
+            code, out, err = await run_cli(
+                [str(OPENCODE), "run", "--format", "json", "-m", "trialflow/policy",
+                 "Create a file out.txt containing hi."], work, env)
+            assert code == 0, (out[-3000:], err[-3000:])
             traj = srv.session(h.session_id).trajectory
     assert (work / "out.txt").read_text().strip() == "hi", (out[-3000:], err[-3000:])
     assert b"I wrote hi to out.txt." in out
