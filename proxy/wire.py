@@ -153,17 +153,36 @@ class MessageMemo:
     earlier result; ``fn`` must not depend on anything but ``raw`` (``path`` only names fields
     in error messages, and a message that fails is never remembered). The key is a 16-byte
     BLAKE2b digest of the JSON text (collisions: ~2^-64, as for the tracker's long texts) plus
-    ``fn``, so two protocols' converters never share entries. At most ``size`` entries, least
-    recently used out. Results are shared between requests: treat them as read-only.
+    ``fn``, so two protocols' converters never share entries. Results are shared between
+    requests: treat them as read-only.
+
+    What it keeps: the messages used by any of the last ``keep_requests`` requests
+    (``new_request()`` marks a request's start), and never more than ``size``. A history the
+    client dropped (compaction) is let go after that many requests, so a long session holds
+    about what its current conversations resend, not everything it ever saw; interleaved
+    conversations (sub-agents) stay as long as one of them is resent that often.
     """
 
-    def __init__(self, size: int = 8192) -> None:
-        self._size = size
-        self._entries: OrderedDict[tuple[Any, bytes], Converted] = OrderedDict()
+    def __init__(self, size: int = 8192, keep_requests: int = 16) -> None:
+        self._size, self._keep = size, keep_requests
+        # LRU order; each entry remembers the request that last used it
+        self._entries: OrderedDict[tuple[Any, bytes], tuple[Converted, int]] = OrderedDict()
+        self._request = 0
         self.hits = self.misses = 0
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def new_request(self) -> None:
+        """A request starts: forget what the last ``keep_requests`` requests did not use."""
+        self._request += 1
+        oldest = self._request - self._keep
+        entries = self._entries
+        while entries:
+            key = next(iter(entries))
+            if entries[key][1] >= oldest:
+                break
+            del entries[key]
 
     def convert(self, raw: Any, path: str, fn: Callable[[Any, str], Converted]) -> Converted:
         try:
@@ -171,14 +190,15 @@ class MessageMemo:
         except (TypeError, ValueError):  # not plain JSON: convert without remembering
             return fn(raw, path)
         key = (fn, hashlib.blake2b(text, digest_size=16).digest())
-        result = self._entries.get(key)
-        if result is not None:
+        found = self._entries.get(key)
+        if found is not None:
             self.hits += 1
+            self._entries[key] = (found[0], self._request)
             self._entries.move_to_end(key)
-            return result
+            return found[0]
         result = fn(raw, path)
         self.misses += 1
-        self._entries[key] = result
+        self._entries[key] = (result, self._request)
         if len(self._entries) > self._size:
             self._entries.popitem(last=False)
         return result
@@ -189,6 +209,8 @@ def convert_messages(raws: list[Any], fn: Callable[[Any, str], Converted], memo:
     """Every ``raws[i]`` through ``fn(raw, "messages[i]")``, via ``memo`` when there is one;
     notes go to ``ignored``."""
     out: list[dict[str, Any]] = []
+    if memo is not None:
+        memo.new_request()
     for i, raw in enumerate(raws):
         path = f"messages[{i}]"
         messages, notes = fn(raw, path) if memo is None else memo.convert(raw, path, fn)

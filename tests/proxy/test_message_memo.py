@@ -112,3 +112,19 @@ def test_memo_is_bounded_and_keeps_no_failures():
         with pytest.raises(InvalidRequest, match=r"messages\[0\]\.tool_call_id"):
             openai_api.parse_chat_request({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, memo)
     assert len(memo) == 2 and memo.misses == 3
+
+
+def test_memo_lets_go_of_a_history_the_client_stopped_sending():
+    memo = MessageMemo(keep_requests=2)
+
+    def send(*texts):
+        openai_api.parse_chat_request({"model": "m", "messages": [{"role": "user", "content": t} for t in texts]}, memo)
+
+    send("old-1", "old-2")
+    send("summary")  # compaction: the old history is gone from the requests
+    send("summary", "next")
+    assert len(memo) == 4  # the old messages were used by one of the last two requests
+    misses = memo.misses
+    send("summary", "next", "more")
+    # now they were not: let go; what the client still resends stays (one new miss only)
+    assert len(memo) == 3 and memo.misses == misses + 1
