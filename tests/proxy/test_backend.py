@@ -18,12 +18,6 @@ from proxy.backend import (
 from proxy.chat import SamplingParams
 from proxy.errors import BackendHTTPError, ReplicaUnavailable
 from tests.doubles.scripted_vllm import Abort, Drop, HTTPFailure, Reply, ScriptedVLLM, fake_experts, fake_logprob
-from tests.proxy._support import load_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _req(prompt=(5, 6, 7), max_tokens=32, **sampling) -> CompletionRequest:

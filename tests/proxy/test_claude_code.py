@@ -14,16 +14,11 @@ import os
 import pytest
 
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
-from tests.proxy._support import SCAFFOLD_BIN, load_tokenizer, proxy_server, run_cli, write_hi_call
+from tests.proxy._support import SCAFFOLD_BIN, proxy_server, run_cli, write_hi_call
 
 pytestmark = pytest.mark.scaffold_cli
 
 CLAUDE = SCAFFOLD_BIN / "claude"
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _is_main(prompt: str) -> bool:

@@ -11,14 +11,8 @@ from proxy.backend import CompletionRequest, VLLMClient
 from proxy.errors import BackendHTTPError, GenerationAborted, ReplicaUnavailable
 from proxy.pool import ReplicaPool
 from tests.doubles.scripted_vllm import Abort, Drop, HTTPFailure, Reply, ScriptedVLLM, fake_experts, fake_logprob
-from tests.proxy._support import load_tokenizer
 
 PROMPT = [11, 12, 13, 14]
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _req(max_tokens=64, prompt=PROMPT) -> CompletionRequest:

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.chat import ChatRequest
 from proxy.prefix_cache import PrefixCache
 from proxy.tokenization import ConversationTracker
-from tests.proxy._support import OPENAI_TOOLS, load_tokenizer
+from tests.proxy._support import OPENAI_TOOLS
 
 LONG_SYSTEM = "You are a careful coding agent. " * 200  # ~6.4K chars: above min_chars
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _encode(tok):

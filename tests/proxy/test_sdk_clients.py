@@ -13,14 +13,9 @@ import openai
 import pytest
 
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
-from tests.proxy._support import ANTHROPIC_TOOLS, BASH_TOOL_CALL, OPENAI_TOOLS, load_tokenizer, proxy_server
+from tests.proxy._support import ANTHROPIC_TOOLS, BASH_TOOL_CALL, OPENAI_TOOLS, proxy_server
 
 THINK_THEN_CALL = "<think>\nI should list the files.\n</think>\n\n" + BASH_TOOL_CALL
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _check_trajectory(srv, session_id, dbl, tok):

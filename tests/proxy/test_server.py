@@ -13,16 +13,11 @@ from proxy.errors import NotFound
 from proxy.session import SessionConfig
 from proxy.trajectory import Trajectory
 from tests.doubles.scripted_vllm import HTTPFailure, Reply, ScriptedVLLM
-from tests.proxy._support import load_tokenizer, proxy_server
+from tests.proxy._support import proxy_server
 
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
 MSG = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _events(raw: str) -> list[str]:

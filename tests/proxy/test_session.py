@@ -14,14 +14,9 @@ from proxy.errors import ContextExhausted, NotFound, ReplicaUnavailable
 from proxy.session import Session, SessionConfig
 from proxy.trajectory import Trajectory
 from tests.doubles.scripted_vllm import Abort, Reply, ScriptedVLLM, fake_experts, fake_logprob
-from tests.proxy._support import BASH_TOOL_CALL, OPENAI_TOOLS, load_tokenizer, pool_over
+from tests.proxy._support import BASH_TOOL_CALL, OPENAI_TOOLS, pool_over
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _ids():

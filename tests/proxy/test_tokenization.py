@@ -28,11 +28,6 @@ TOOLS = [{"type": "function", "function": {
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 class Model:
     """Scripted generations: the tokens of the template's text for the intended reply."""
 
