@@ -15,10 +15,16 @@ Behaviour is the stdlib's where orjson is stricter:
   64 bits, non-string dict keys), e.g. tool-call arguments the model wrote. Output is
   compact UTF-8 (no ASCII escaping) either way. NaN/infinity encode as ``null`` (orjson);
   nothing the proxy sends carries them.
+
+Content keys (one definition for the proxy's caches): ``digest(text_or_bytes)`` is a 16-byte
+BLAKE2b (collisions: ~2^-64); ``json_digest(value)`` is the digest of ``dumps(value)``, or
+None for a value that is not plain JSON. Keying on JSON text, not Python equality, keeps
+``true``, ``1`` and ``1.0`` apart (a chat template renders them differently).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -73,3 +79,18 @@ def _plain(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def digest(data: bytes | str) -> bytes:
+    """16-byte BLAKE2b of ``data`` (a ``str`` as UTF-8, lone surrogates kept)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def json_digest(value: Any) -> bytes | None:
+    """``digest(dumps(value))``, or None when ``value`` is not plain JSON."""
+    try:
+        return digest(dumps(value))
+    except (TypeError, ValueError):
+        return None

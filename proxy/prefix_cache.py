@@ -21,10 +21,11 @@ Headers shorter than ``min_chars`` are not cached (encoding them is cheap); at m
 
 from __future__ import annotations
 
-import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
+
+from proxy import jsonio
 
 
 class PrefixCache:
@@ -46,7 +47,7 @@ class PrefixCache:
         if cut < 0 or cut + len(self.boundary) < self.min_chars:
             return array("i", encode(text))
         cut += len(self.boundary)
-        key = hashlib.blake2b(text[:cut].encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        key = jsonio.digest(text[:cut])
         if key in self._entries:
             header = self._entries[key]
             self._entries.move_to_end(key)

@@ -77,6 +77,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from proxy import jsonio
 from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolSpec, assistant_message
 from proxy.errors import InvalidRequest
 from proxy.prefix_cache import PrefixCache
@@ -191,7 +192,7 @@ def _compact(text: str) -> str | bytes:
     """``text`` itself when short, else its 16-byte BLAKE2b digest (collisions: ~2^-64)."""
     if len(text) <= 32:
         return text
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return jsonio.digest(text)
 
 
 def _tail_shape(messages: list[Message], m: int, thinking: bool | None) -> tuple:

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import OrderedDict
 from collections.abc import Callable
@@ -96,8 +95,9 @@ def pieces(s: str, size: int) -> list[str]:
 
 class RecentParses(Generic[R]):
     """``parse(value)`` for a decoded JSON value, remembered for the last ``size`` distinct
-    values. The key is the value's JSON text, not Python equality (``1 == 1.0 == True``, but a
-    schema's ``true`` and ``1`` render differently in a chat template). A parse that raises is
+    values. The key is the digest of the value's JSON text (``jsonio.json_digest``), not Python
+    equality (``1 == 1.0 == True``, but a schema's ``true`` and ``1`` render differently in a
+    chat template). A parse that raises is
     not remembered. Results are shared between requests and sessions: treat them as read-only.
 
     Why: validating 40 tool schemas with pydantic costs ~0.5 ms per turn; the JSON text of the
@@ -106,12 +106,11 @@ class RecentParses(Generic[R]):
 
     def __init__(self, parse: Callable[[Any], R], size: int = 16) -> None:
         self._parse, self._size = parse, size
-        self._results: OrderedDict[bytes, R] = OrderedDict()
+        self._results: OrderedDict[bytes, R] = OrderedDict()  # by jsonio.json_digest
 
     def __call__(self, value: Any) -> R:
-        try:
-            key = jsonio.dumps(value)
-        except (TypeError, ValueError):  # not plain JSON: nothing to key on
+        key = jsonio.json_digest(value)
+        if key is None:  # not plain JSON: nothing to key on
             return self._parse(value)
         result = self._results.get(key)
         if result is None:
@@ -151,10 +150,10 @@ class MessageMemo:
     the session already converted. ``convert(raw, path, fn)`` returns ``fn(raw, path)`` (chat
     messages, ignored-field notes) for a message whose JSON text it has not seen, else the
     earlier result; ``fn`` must not depend on anything but ``raw`` (``path`` only names fields
-    in error messages, and a message that fails is never remembered). The key is a 16-byte
-    BLAKE2b digest of the JSON text (collisions: ~2^-64, as for the tracker's long texts) plus
-    ``fn``, so two protocols' converters never share entries. Results are shared between
-    requests: treat them as read-only.
+    in error messages, and a message that fails is never remembered). The key is
+    ``jsonio.json_digest`` of the message (16-byte BLAKE2b of its JSON text) plus ``fn``, so
+    two protocols' converters never share entries. Results are shared between requests:
+    treat them as read-only.
 
     What it keeps: the messages used by any of the last ``keep_requests`` requests
     (``new_request()`` marks a request's start), and never more than ``size``. A history the
@@ -185,11 +184,10 @@ class MessageMemo:
             del entries[key]
 
     def convert(self, raw: Any, path: str, fn: Callable[[Any, str], Converted]) -> Converted:
-        try:
-            text = jsonio.dumps(raw)
-        except (TypeError, ValueError):  # not plain JSON: convert without remembering
+        digest = jsonio.json_digest(raw)
+        if digest is None:  # not plain JSON: convert without remembering
             return fn(raw, path)
-        key = (fn, hashlib.blake2b(text, digest_size=16).digest())
+        key = (fn, digest)
         found = self._entries.get(key)
         if found is not None:
             self.hits += 1
