@@ -83,9 +83,7 @@ class WorkerProcess:
         log.info("polling %s and %s", self.settings.task_queue, self.host_queue)
         try:
             stopped = asyncio.create_task(stop.wait())
-            done, _ = await asyncio.wait(
-                [stopped, *tasks], return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is not stopped:
                     task.result()  # a worker died: surface its error
@@ -117,9 +115,7 @@ class WorkerProcess:
                 break
             await asyncio.sleep(0.5)
         else:
-            log.warning(
-                "drain grace over with %d sandbox(es) left", self.sandboxes.live
-            )
+            log.warning("drain grace over with %d sandbox(es) left", self.sandboxes.live)
         await asyncio.gather(self.host.shutdown(), self.workflows.shutdown())
 
     async def _running(self, workflow_ids: set[str]) -> bool:
@@ -179,13 +175,9 @@ def build_id() -> str:
     return f"trialflow-{digest.hexdigest()[:16]}"
 
 
-async def build(
-    settings: TrialflowSettings, client: Client | None = None
-) -> WorkerProcess:
+async def build(settings: TrialflowSettings, client: Client | None = None) -> WorkerProcess:
     """Connect, start the proxy, create the activity objects and the two workers."""
-    client = client or await connect(
-        settings.temporal_address, settings.temporal_namespace
-    )
+    client = client or await connect(settings.temporal_address, settings.temporal_namespace)
     worker_id = settings.worker_id or str(os.getpid())
     queue = host_queue(socket.gethostname(), worker_id)
     metrics = TrialMetrics()
@@ -197,9 +189,7 @@ async def build(
     if proxy is not None:
         await proxy.start()
     sandbox = SandboxActivities(backend, store.uri, queue, metrics)
-    scaffold = ScaffoldActivities(
-        proxy, backend, store, metrics, client, settings.model_name
-    )
+    scaffold = ScaffoldActivities(proxy, backend, store, metrics, client, settings.model_name)
     verify = VerifyActivities(backend, store, metrics)
     results = StoreActivities(store, metrics)
     grace = timedelta(seconds=settings.drain_grace_s)
@@ -271,9 +261,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrialflowSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     eventloop.run(serve(parse_args(argv)))
 
 

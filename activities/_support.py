@@ -24,9 +24,7 @@ from trialflow.errors import TrialflowError
 
 
 def application_error(err: TrialflowError) -> ApplicationError:
-    return ApplicationError(
-        str(err), type=type(err).__name__, non_retryable=not err.retryable
-    )
+    return ApplicationError(str(err), type=type(err).__name__, non_retryable=not err.retryable)
 
 
 @contextlib.contextmanager

@@ -79,9 +79,7 @@ class SandboxActivities:
         return SetupOutput(
             sandbox_id=sandbox.id,
             host_queue=self._host_queue,
-            attempt_uri=self._store_uri(
-                TrialKeys(inp.batch_id, inp.trial_id, inp.attempt).root
-            ),
+            attempt_uri=self._store_uri(TrialKeys(inp.batch_id, inp.trial_id, inp.attempt).root),
             agent_timeout_s=agent_timeout if agent_timeout is not None else 3600.0,
             verifier_timeout_s=task.config.verifier.timeout_sec,
             seconds=seconds,

@@ -91,9 +91,7 @@ class ScaffoldActivities:
                 sandbox = await self._backend.attach(inp.sandbox_id)
             model = inp.model or self._default_model
             session = (
-                self._open_session(inp, keys, model, scaffold.main_thread)
-                if scaffold.needs_model
-                else None
+                self._open_session(inp, keys, model, scaffold.main_thread) if scaffold.needs_model else None
             )
             ctx = ScaffoldContext(
                 sandbox=sandbox,
@@ -104,9 +102,7 @@ class ScaffoldActivities:
                 timeout_s=inp.agent_timeout_s,
                 log_dir=Path(tmp),
             )
-            beats = asyncio.create_task(
-                self._beat(inp, session.session_id if session else None)
-            )
+            beats = asyncio.create_task(self._beat(inp, session.session_id if session else None))
             trajectory: Trajectory | None = None
             trajectory_uri: str | None = None
             replicas_down = False
@@ -160,9 +156,7 @@ class ScaffoldActivities:
         await pool.check_health()
         return not any(replica.up for replica in pool.replicas)
 
-    def _open_session(
-        self, inp: ScaffoldInput, keys: TrialKeys, model: str | None, main_thread: str
-    ):
+    def _open_session(self, inp: ScaffoldInput, keys: TrialKeys, model: str | None, main_thread: str):
         if self._proxy is None:
             raise ApplicationError(
                 f"scaffold {inp.scaffold} needs a model but this worker has no proxy "
@@ -191,17 +185,11 @@ class ScaffoldActivities:
         )
         return self._proxy.open_session(config)
 
-    async def _store_logs(
-        self, keys: TrialKeys, outcome: ScaffoldResult, log_dir: Path
-    ) -> str:
-        uri = await asyncio.to_thread(
-            self._store.put_bytes, keys.log("scaffold.log"), outcome.log.encode()
-        )
+    async def _store_logs(self, keys: TrialKeys, outcome: ScaffoldResult, log_dir: Path) -> str:
+        uri = await asyncio.to_thread(self._store.put_bytes, keys.log("scaffold.log"), outcome.log.encode())
         for path in sorted(p for p in log_dir.rglob("*") if p.is_file()):
             name = f"scaffold/{path.relative_to(log_dir)}"
-            await asyncio.to_thread(
-                self._store.put_bytes, keys.log(name), path.read_bytes()
-            )
+            await asyncio.to_thread(self._store.put_bytes, keys.log(name), path.read_bytes())
         return uri
 
     async def _beat(self, inp: ScaffoldInput, session_id: str | None) -> None:
@@ -212,23 +200,15 @@ class ScaffoldActivities:
         while True:
             beat = ScaffoldHeartbeat(attempt=inp.attempt)
             if session_id is not None and self._proxy is not None:
-                beat = beat.model_copy(
-                    update=live_counts(self._proxy.session_stats(session_id))
-                )
+                beat = beat.model_copy(update=live_counts(self._proxy.session_stats(session_id)))
             activity.heartbeat(beat)
             if self._client is not None and beat != last:
                 try:
-                    handle = self._client.get_workflow_handle(
-                        info.workflow_id, run_id=info.workflow_run_id
-                    )
+                    handle = self._client.get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
                     await handle.signal(PROGRESS_SIGNAL, beat)
                     last = beat
-                except (
-                    RPCError
-                ) as err:  # progress is advisory: never fail the trial for it
-                    log.warning(
-                        "progress signal for %s failed: %s", info.workflow_id, err
-                    )
+                except RPCError as err:  # progress is advisory: never fail the trial for it
+                    log.warning("progress signal for %s failed: %s", info.workflow_id, err)
             await asyncio.sleep(interval)
 
 

@@ -25,9 +25,7 @@ from workflows.shared import VerifyInput, VerifyOutput
 
 
 class VerifyActivities:
-    def __init__(
-        self, backend: SandboxBackend, store: ResultStore, metrics: TrialMetrics
-    ) -> None:
+    def __init__(self, backend: SandboxBackend, store: ResultStore, metrics: TrialMetrics) -> None:
         self._backend = backend
         self._store = store
         self._metrics = metrics
@@ -54,15 +52,11 @@ class VerifyActivities:
             rewards=dict(result.rewards),
             reward=result.reward if problem is None else 0.0,
             reward_valid=problem is None,
-            reward_error=f"{type(problem).__name__}: {problem}"
-            if problem is not None
-            else None,
+            reward_error=f"{type(problem).__name__}: {problem}" if problem is not None else None,
             seconds=seconds,
         )
 
-    async def _store_logs(
-        self, inp: VerifyInput, log_dir: Path, result: VerifierResult
-    ) -> None:
+    async def _store_logs(self, inp: VerifyInput, log_dir: Path, result: VerifierResult) -> None:
         """Verifier output next to the attempt: stdout/stderr and whatever /logs/verifier held."""
         keys = TrialKeys(inp.batch_id, inp.trial_id, inp.attempt)
         objects = {

@@ -43,7 +43,9 @@ sys.path.insert(0, str(REPO))
 
 
 @contextlib.asynccontextmanager
-async def temporal_worker(state: Path, *, max_trials: int, address: str | None = None) -> AsyncIterator[tuple]:
+async def temporal_worker(
+    state: Path, *, max_trials: int, address: str | None = None
+) -> AsyncIterator[tuple]:
     """A Temporal dev server (unless ``address`` is given) and an in-process worker.
     Yields ``(client, settings, worker_process)``."""
     import worker_main
@@ -56,9 +58,14 @@ async def temporal_worker(state: Path, *, max_trials: int, address: str | None =
         service = await asyncio.to_thread(start_temporal, state / "temporal", headless=True)
         address = service.endpoint
     suffix = uuid.uuid4().hex[:8]
-    settings = load_settings(temporal_address=address, task_queue=f"bench-{suffix}",
-                             store_dir=state / "store", worker_id=f"bench-{suffix}",
-                             max_concurrent_trials=max_trials, drain_grace_s=5)
+    settings = load_settings(
+        temporal_address=address,
+        task_queue=f"bench-{suffix}",
+        store_dir=state / "store",
+        worker_id=f"bench-{suffix}",
+        max_concurrent_trials=max_trials,
+        drain_grace_s=5,
+    )
     client = await batch.connect(settings.temporal_address)
     process = await worker_main.build(settings, client)
     stop = asyncio.Event()
@@ -80,8 +87,9 @@ async def direct_trial(backend, task, scaffold_name: str) -> tuple[float, dict[s
 
     scaffold = get_scaffold(scaffold_name)
     marks = [time.perf_counter()]
-    sandbox = await backend.create(task, trial_id=f"direct-{uuid.uuid4().hex[:8]}", labels={},
-                                   mounts=list(scaffold.mounts()))
+    sandbox = await backend.create(
+        task, trial_id=f"direct-{uuid.uuid4().hex[:8]}", labels={}, mounts=list(scaffold.mounts())
+    )
     try:
         await sandbox.start()
         marks.append(time.perf_counter())
@@ -93,7 +101,9 @@ async def direct_trial(backend, task, scaffold_name: str) -> tuple[float, dict[s
     finally:
         await sandbox.stop()
     marks.append(time.perf_counter())
-    phases = dict(zip(("setup", "scaffold", "verify", "teardown"), (b - a for a, b in itertools.pairwise(marks))))
+    phases = dict(
+        zip(("setup", "scaffold", "verify", "teardown"), (b - a for a, b in itertools.pairwise(marks)))
+    )
     return marks[-1] - marks[0], phases, result.reward
 
 
@@ -107,8 +117,12 @@ async def temporal_trial(client, settings, batch_id: str, task_path: Path, scaff
 
 
 def stats(xs: list[float]) -> dict:
-    return {"median_s": round(statistics.median(xs), 3), "min_s": round(min(xs), 3), "max_s": round(max(xs), 3),
-            "n": len(xs)}
+    return {
+        "median_s": round(statistics.median(xs), 3),
+        "min_s": round(min(xs), 3),
+        "max_s": round(max(xs), 3),
+        "n": len(xs),
+    }
 
 
 async def bench(args: argparse.Namespace) -> dict:
@@ -145,12 +159,17 @@ async def bench(args: argparse.Namespace) -> dict:
                 for k, v in result.timings.items():
                     phases.setdefault(k, []).append(v)
     d, t = stats(direct), stats(temporal)
-    return {"task": args.task, "scaffold": args.scaffold, "direct": d, "temporal": t,
-            "added_s_median": round(t["median_s"] - d["median_s"], 3),
-            "ratio_median": round(t["median_s"] / d["median_s"], 3),
-            "direct_phase_medians_s": {k: round(statistics.median(v), 3) for k, v in direct_phases.items()},
-            "temporal_phase_medians_s": {k: round(statistics.median(v), 3) for k, v in phases.items()},
-            "problems": problems}
+    return {
+        "task": args.task,
+        "scaffold": args.scaffold,
+        "direct": d,
+        "temporal": t,
+        "added_s_median": round(t["median_s"] - d["median_s"], 3),
+        "ratio_median": round(t["median_s"] / d["median_s"], 3),
+        "direct_phase_medians_s": {k: round(statistics.median(v), 3) for k, v in direct_phases.items()},
+        "temporal_phase_medians_s": {k: round(statistics.median(v), 3) for k, v in phases.items()},
+        "problems": problems,
+    }
 
 
 def main() -> None:
@@ -163,9 +182,19 @@ def main() -> None:
     load_before = os.getloadavg()
     started = time.time()
     result = asyncio.run(bench(args))
-    print(json.dumps({"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
-                      "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(),
-                      "loadavg_before": load_before, "loadavg_after": os.getloadavg(), **result}, indent=2))
+    print(
+        json.dumps(
+            {
+                "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+                "wall_s": round(time.time() - started, 1),
+                "cpus": os.cpu_count(),
+                "loadavg_before": load_before,
+                "loadavg_after": os.getloadavg(),
+                **result,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -62,9 +62,37 @@ import aiohttp
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = Path(tempfile.gettempdir()) / "trialflow-bench-tokenizer"
-WORDS = ["the", "function", "reads", "the", "file", "and", "returns", "a", "list", "of", "parsed", "records",
-         "while", "the", "tests", "check", "each", "field", "for", "the", "expected", "value", "and", "report",
-         "any", "mismatch", "to", "the", "caller"]
+WORDS = [
+    "the",
+    "function",
+    "reads",
+    "the",
+    "file",
+    "and",
+    "returns",
+    "a",
+    "list",
+    "of",
+    "parsed",
+    "records",
+    "while",
+    "the",
+    "tests",
+    "check",
+    "each",
+    "field",
+    "for",
+    "the",
+    "expected",
+    "value",
+    "and",
+    "report",
+    "any",
+    "mismatch",
+    "to",
+    "the",
+    "caller",
+]
 
 
 def words(n: int, salt: int) -> str:
@@ -74,17 +102,35 @@ def words(n: int, salt: int) -> str:
 def bench_tools(n: int) -> list[dict]:
     """``n`` function tools shaped like a coding agent's (a long description and six typed
     parameters each, ~1.5 KB of JSON per tool), in the OpenAI format."""
-    return [{"type": "function", "function": {
-        "name": f"Tool{i}", "description": words(220, i),
-        "parameters": {"type": "object", "required": ["path"], "properties": {
-            p: {"type": "string" if j % 2 == 0 else "integer", "description": words(12, i + j)}
-            for j, p in enumerate(("path", "limit", "pattern", "offset", "command", "timeout"))}}}}
-        for i in range(n)]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"Tool{i}",
+                "description": words(220, i),
+                "parameters": {
+                    "type": "object",
+                    "required": ["path"],
+                    "properties": {
+                        p: {"type": "string" if j % 2 == 0 else "integer", "description": words(12, i + j)}
+                        for j, p in enumerate(("path", "limit", "pattern", "offset", "command", "timeout"))
+                    },
+                },
+            },
+        }
+        for i in range(n)
+    ]
 
 
 def anthropic_tools(tools: list[dict]) -> list[dict]:
-    return [{"name": t["function"]["name"], "description": t["function"]["description"],
-             "input_schema": t["function"]["parameters"]} for t in tools]
+    return [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
+        for t in tools
+    ]
 
 
 def sized_text(tok, tokens: int, salt: int) -> str:
@@ -106,7 +152,9 @@ async def serve_backend(delay_s: float, reply_tokens: int, kind: str) -> None:
     if kind == "fixed":
         url = await start_fixed_backend(tok, text, delay_s)
     else:
-        backend = await ScriptedVLLM(tok, default=Reply(text=text, delay_s=delay_s), max_model_len=1 << 20).start()
+        backend = await ScriptedVLLM(
+            tok, default=Reply(text=text, delay_s=delay_s), max_model_len=1 << 20
+        ).start()
         url = backend.url
     print(json.dumps({"url": url, "pid": os.getpid()}), flush=True)
     await asyncio.Event().wait()
@@ -123,25 +171,44 @@ async def start_fixed_backend(tok, text: str, delay_s: float) -> str:
     from proxy import jsonio
 
     ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids(tok.eos_token)]
-    choice = {"index": 0, "text": tok.decode(ids, skip_special_tokens=True),
-              "logprobs": {"text_offset": [0] * len(ids), "token_logprobs": [-0.5] * len(ids),
-                           "tokens": [tok.decode([t]) for t in ids], "top_logprobs": [None] * len(ids)},
-              "finish_reason": "stop", "stop_reason": None, "token_ids": ids, "prompt_logprobs": None,
-              "routed_experts": None}
+    choice = {
+        "index": 0,
+        "text": tok.decode(ids, skip_special_tokens=True),
+        "logprobs": {
+            "text_offset": [0] * len(ids),
+            "token_logprobs": [-0.5] * len(ids),
+            "tokens": [tok.decode([t]) for t in ids],
+            "top_logprobs": [None] * len(ids),
+        },
+        "finish_reason": "stop",
+        "stop_reason": None,
+        "token_ids": ids,
+        "prompt_logprobs": None,
+        "routed_experts": None,
+    }
 
     async def completions(request: web.Request) -> web.Response:
         prompt = jsonio.loads(await request.read())["prompt"]
         if delay_s:
             await asyncio.sleep(delay_s)
-        body = {"id": "cmpl-fixed", "object": "text_completion", "created": 0, "model": "bench",
-                "choices": [{**choice, "prompt_token_ids": prompt}],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                          "total_tokens": len(prompt) + len(ids)}}
+        body = {
+            "id": "cmpl-fixed",
+            "object": "text_completion",
+            "created": 0,
+            "model": "bench",
+            "choices": [{**choice, "prompt_token_ids": prompt}],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt) + len(ids),
+            },
+        }
         return web.Response(body=jsonio.dumps(body), content_type="application/json")
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": "bench", "object": "model", "max_model_len": 1 << 20}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "bench", "object": "model", "max_model_len": 1 << 20}]}
+        )
 
     app = web.Application(client_max_size=1 << 28)
     app.router.add_post("/v1/completions", completions)
@@ -218,6 +285,7 @@ async def start_relay(backend_url: str):
 
 def cpu_wake(samples: int = 40) -> dict:
     """Median time of a fixed pure-Python loop right after 50 ms of sleep vs back to back."""
+
     def work() -> None:
         total = 0
         for i in range(3000):
@@ -249,10 +317,15 @@ def cache_eviction(samples: int = 40) -> dict:
     tok = build_tokenizer(TOKENIZER_DIR)
     backend = tok.backend_tokenizer
     text = "<|im_start|>user\n" + words(60, 5) + "<|im_end|>\n<|im_start|>assistant\n"
-    tail = [{"role": "system", "content": words(300, 1)}, {"role": "assistant", "content": words(200, 3)},
-            {"role": "user", "content": words(60, 5)}]
-    steps = {"encode_turn": lambda: backend.encode(text, add_special_tokens=False),
-             "render_tail": lambda: tok.apply_chat_template(tail, tokenize=False, add_generation_prompt=True)}
+    tail = [
+        {"role": "system", "content": words(300, 1)},
+        {"role": "assistant", "content": words(200, 3)},
+        {"role": "user", "content": words(60, 5)},
+    ]
+    steps = {
+        "encode_turn": lambda: backend.encode(text, add_special_tokens=False),
+        "render_tail": lambda: tok.apply_chat_template(tail, tokenize=False, add_generation_prompt=True),
+    }
 
     def timed(f) -> float:
         t0 = time.perf_counter()
@@ -269,8 +342,11 @@ def cache_eviction(samples: int = 40) -> dict:
                 pass
             after.append(timed(f))
         a = sorted(after)[samples // 2]
-        out[name] = {"back_to_back_ms": round(busy * 1e3, 3), "after_20ms_spin_ms": round(a * 1e3, 3),
-                     "ratio": round(a / busy, 2)}
+        out[name] = {
+            "back_to_back_ms": round(busy * 1e3, 3),
+            "after_20ms_spin_ms": round(a * 1e3, 3),
+            "ratio": round(a / busy, 2),
+        }
     return out
 
 
@@ -307,9 +383,17 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-async def run_round(mode: str, convs: list[Conversation], prompts: list[list[list[int]]], backend: str,
-                    proxy: str, relay: str, max_tokens: int, http: aiohttp.ClientSession,
-                    tools: list[dict] | None = None) -> list[float]:
+async def run_round(
+    mode: str,
+    convs: list[Conversation],
+    prompts: list[list[list[int]]],
+    backend: str,
+    proxy: str,
+    relay: str,
+    max_tokens: int,
+    http: aiohttp.ClientSession,
+    tools: list[dict] | None = None,
+) -> list[float]:
     lat: list[float] = []
 
     async def one_session(i: int) -> None:
@@ -321,19 +405,40 @@ async def run_round(mode: str, convs: list[Conversation], prompts: list[list[lis
             base = handle["openai_base_url"] if mode == "openai" else handle["anthropic_base_url"]
         for t in range(len(conv.users)):
             if mode in ("direct", "relay"):
-                url, body = f"{backend if mode == 'direct' else relay}/v1/completions", {
-                    "model": "default", "prompt": prompts[i][t], "max_tokens": max_tokens, "temperature": 1.0,
-                    "top_p": 1.0, "logprobs": 1, "return_token_ids": True, "skip_special_tokens": False,
-                    "include_stop_str_in_output": True, "stream": False}
+                url, body = (
+                    f"{backend if mode == 'direct' else relay}/v1/completions",
+                    {
+                        "model": "default",
+                        "prompt": prompts[i][t],
+                        "max_tokens": max_tokens,
+                        "temperature": 1.0,
+                        "top_p": 1.0,
+                        "logprobs": 1,
+                        "return_token_ids": True,
+                        "skip_special_tokens": False,
+                        "include_stop_str_in_output": True,
+                        "stream": False,
+                    },
+                )
             elif mode == "openai":
-                url, body = f"{base}/chat/completions", {"model": "default", "messages": conv.messages(t),
-                                                         "max_tokens": max_tokens}
+                url, body = (
+                    f"{base}/chat/completions",
+                    {"model": "default", "messages": conv.messages(t), "max_tokens": max_tokens},
+                )
                 if tools:
                     body["tools"] = tools
             else:
                 msgs = conv.messages(t)
-                url, body = f"{base}/v1/messages", {"model": "default", "system": msgs[0]["content"],
-                                                    "messages": msgs[1:], "max_tokens": max_tokens, "stream": True}
+                url, body = (
+                    f"{base}/v1/messages",
+                    {
+                        "model": "default",
+                        "system": msgs[0]["content"],
+                        "messages": msgs[1:],
+                        "max_tokens": max_tokens,
+                        "stream": True,
+                    },
+                )
                 if tools:
                     body["tools"] = anthropic_tools(tools)
             payload = json.dumps(body).encode()
@@ -378,35 +483,55 @@ async def load(args: argparse.Namespace, backend: str, proxy: str, relay: str, p
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as http:
         for conc in args.concurrency:
-            convs = [Conversation(tok, args.system_tokens, args.turns, salt=s, reply=reply) for s in range(conc)]
+            convs = [
+                Conversation(tok, args.system_tokens, args.turns, salt=s, reply=reply) for s in range(conc)
+            ]
             tools = bench_tools(args.tools)
-            prompts = [[tok.apply_chat_template(c.messages(t), tools=tools or None, add_generation_prompt=True,
-                                                tokenize=True)
-                        for t in range(args.turns)] for c in convs]
-            prompts = [[list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in ps] for ps in prompts]
-            await run_round("direct", convs[:1], prompts, backend, proxy, relay, args.max_tokens, http)  # warm-up
+            prompts = [
+                [
+                    tok.apply_chat_template(
+                        c.messages(t), tools=tools or None, add_generation_prompt=True, tokenize=True
+                    )
+                    for t in range(args.turns)
+                ]
+                for c in convs
+            ]
+            prompts = [
+                [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in ps] for ps in prompts
+            ]
+            await run_round(
+                "direct", convs[:1], prompts, backend, proxy, relay, args.max_tokens, http
+            )  # warm-up
             lat: dict[str, list[float]] = {m: [] for m in ["direct", *args.modes]}
             cpu = {m: {"proxy": 0.0, "backend": 0.0} for m in lat}
             rounds = max(args.rounds, -(-args.min_turns // (conc * args.turns)))
             for _ in range(rounds):
                 for mode in lat:
                     before = {k: cpu_s(pid) for k, pid in pids.items()}
-                    lat[mode] += await run_round(mode, convs, prompts, backend, proxy, relay, args.max_tokens, http,
-                                                  tools)
+                    lat[mode] += await run_round(
+                        mode, convs, prompts, backend, proxy, relay, args.max_tokens, http, tools
+                    )
                     for k, pid in pids.items():
                         cpu[mode][k] += cpu_s(pid) - before[k]
-            row: dict = {"sessions": conc, "turns_per_session": args.turns,
-                         "prompt_tokens_first_last": [len(prompts[0][0]), len(prompts[0][-1])]}
+            row: dict = {
+                "sessions": conc,
+                "turns_per_session": args.turns,
+                "prompt_tokens_first_last": [len(prompts[0][0]), len(prompts[0][-1])],
+            }
             base = summarise(lat["direct"])
             row["direct"] = base
             for mode, xs in lat.items():
                 turns = len(xs)
                 row.setdefault("cpu_ms_per_turn", {})[mode] = {
-                    k: round(v / turns * 1e3, 2) for k, v in cpu[mode].items()}
+                    k: round(v / turns * 1e3, 2) for k, v in cpu[mode].items()
+                }
             for mode in args.modes:
                 s = summarise(lat[mode])
-                row[mode] = {**s, **{f"added_ms_p{q}": round(s[f"p{q}"] - base[f"p{q}"], 2) for q in (50, 90, 99)},
-                             **{f"ratio_p{q}": round(s[f"p{q}"] / base[f"p{q}"], 3) for q in (50, 90, 99)}}
+                row[mode] = {
+                    **s,
+                    **{f"added_ms_p{q}": round(s[f"p{q}"] - base[f"p{q}"], 2) for q in (50, 90, 99)},
+                    **{f"ratio_p{q}": round(s[f"p{q}"] / base[f"p{q}"], 3) for q in (50, 90, 99)},
+                }
             results[str(conc)] = row
             print(json.dumps(row), file=sys.stderr, flush=True)
     return results
@@ -419,20 +544,39 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds per concurrency")
-    ap.add_argument("--min-turns", type=int, default=200,
-                    help="more rounds at low concurrency until each mode has this many turns")
+    ap.add_argument(
+        "--min-turns",
+        type=int,
+        default=200,
+        help="more rounds at low concurrency until each mode has this many turns",
+    )
     ap.add_argument("--delay-ms", type=float, default=50.0)
-    ap.add_argument("--backend", choices=["scripted", "fixed"], default="scripted",
-                    help="scripted: tests/doubles/scripted_vllm.py; fixed: a pre-encoded reply (start_fixed_backend)")
+    ap.add_argument(
+        "--backend",
+        choices=["scripted", "fixed"],
+        default="scripted",
+        help="scripted: tests/doubles/scripted_vllm.py; fixed: a pre-encoded reply (start_fixed_backend)",
+    )
     ap.add_argument("--reply-tokens", type=int, default=200)
     ap.add_argument("--system-tokens", type=int, default=1000)
-    ap.add_argument("--tools", type=int, default=0,
-                    help="function tools sent with every request (~1.5 KB of JSON each; Claude Code sends ~12-17)")
+    ap.add_argument(
+        "--tools",
+        type=int,
+        default=0,
+        help="function tools sent with every request (~1.5 KB of JSON each; Claude Code sends ~12-17)",
+    )
     ap.add_argument("--max-tokens", type=int, default=400)
-    ap.add_argument("--modes", nargs="+", default=["relay", "openai", "anthropic-stream"],
-                    choices=["relay", "openai", "anthropic-stream"])
-    ap.add_argument("--profile-proxy", metavar="FILE",
-                    help="cProfile the proxy process; pstats written to FILE at the end")
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["relay", "openai", "anthropic-stream"],
+        choices=["relay", "openai", "anthropic-stream"],
+    )
+    ap.add_argument(
+        "--profile-proxy",
+        metavar="FILE",
+        help="cProfile the proxy process; pstats written to FILE at the end",
+    )
     args = ap.parse_args()
     if args.serve_backend:
         asyncio.run(serve_backend(args.delay_ms / 1e3, args.reply_tokens, args.backend))
@@ -445,25 +589,52 @@ def main() -> None:
         return
     procs = []
     try:
-        backend_proc, backend = spawn("--serve-backend", "--backend", args.backend, "--delay-ms", str(args.delay_ms),
-                                      "--reply-tokens", str(args.reply_tokens))
+        backend_proc, backend = spawn(
+            "--serve-backend",
+            "--backend",
+            args.backend,
+            "--delay-ms",
+            str(args.delay_ms),
+            "--reply-tokens",
+            str(args.reply_tokens),
+        )
         procs.append(backend_proc)
-        proxy_proc, proxy = spawn("--serve-proxy", backend["url"],
-                                  *(["--profile-proxy", args.profile_proxy] if args.profile_proxy else []))
+        proxy_proc, proxy = spawn(
+            "--serve-proxy",
+            backend["url"],
+            *(["--profile-proxy", args.profile_proxy] if args.profile_proxy else []),
+        )
         procs.append(proxy_proc)
         load_before = os.getloadavg()
         started = time.time()
         wake = cpu_wake()
         eviction = cache_eviction()
-        results = asyncio.run(load(args, backend["url"], proxy["url"], proxy["relay_url"],
-                                   {"proxy": proxy["pid"], "backend": backend["pid"]}))
-        out = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
-               "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(),
-               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-               "backend": args.backend, "delay_ms": args.delay_ms, "reply_tokens": args.reply_tokens,
-               "system_tokens": args.system_tokens, "tools": args.tools, "rounds": args.rounds,
-               "proxy_event_loop": os.environ.get("TRIALFLOW_EVENT_LOOP") or "default (uvloop if installed)",
-               "cpu_wake": wake, "cache_eviction": eviction, "results": results}
+        results = asyncio.run(
+            load(
+                args,
+                backend["url"],
+                proxy["url"],
+                proxy["relay_url"],
+                {"proxy": proxy["pid"], "backend": backend["pid"]},
+            )
+        )
+        out = {
+            "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+            "wall_s": round(time.time() - started, 1),
+            "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "backend": args.backend,
+            "delay_ms": args.delay_ms,
+            "reply_tokens": args.reply_tokens,
+            "system_tokens": args.system_tokens,
+            "tools": args.tools,
+            "rounds": args.rounds,
+            "proxy_event_loop": os.environ.get("TRIALFLOW_EVENT_LOOP") or "default (uvloop if installed)",
+            "cpu_wake": wake,
+            "cache_eviction": eviction,
+            "results": results,
+        }
         print(json.dumps(out, indent=2))
     finally:
         for p in reversed(procs):  # proxy first: it may be writing a profile

@@ -40,19 +40,43 @@ def bodies(n: int, kind: str) -> tuple[bytes, bytes]:
             oa += [{"role": "assistant", "content": words(150, i)}, {"role": "user", "content": words(45, i)}]
         else:
             args = {"command": f"sed -n {i},{i + 40}p src/module_{i}.py"}
-            oa += [{"role": "assistant", "content": words(30, i), "tool_calls": [
-                       {"id": f"call_{i}", "type": "function", "function": {"name": "bash", "arguments": json.dumps(args)}}]},
-                   {"role": "tool", "tool_call_id": f"call_{i}", "content": words(120, i)}]
+            oa += [
+                {
+                    "role": "assistant",
+                    "content": words(30, i),
+                    "tool_calls": [
+                        {
+                            "id": f"call_{i}",
+                            "type": "function",
+                            "function": {"name": "bash", "arguments": json.dumps(args)},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": f"call_{i}", "content": words(120, i)},
+            ]
         last = oa[-2:]
         if kind == "text":
             an += last
         else:
-            an += [{"role": "assistant", "content": [{"type": "text", "text": last[0]["content"]},
-                                                     {"type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": args}]},
-                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}",
-                                                 "content": last[1]["content"]}]}]
-    return (orjson.dumps({"model": "m", "messages": [{"role": "system", "content": system}, *oa]}),
-            orjson.dumps({"model": "m", "max_tokens": 512, "system": system, "messages": an, "stream": True}))
+            an += [
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": last[0]["content"]},
+                        {"type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": args},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": last[1]["content"]}
+                    ],
+                },
+            ]
+    return (
+        orjson.dumps({"model": "m", "messages": [{"role": "system", "content": system}, *oa]}),
+        orjson.dumps({"model": "m", "max_tokens": 512, "system": system, "messages": an, "stream": True}),
+    )
 
 
 def median_ms(parse, raw: bytes, samples: int, gap: bool) -> float:
@@ -78,8 +102,10 @@ def main() -> None:
     for kind in ("text", "tools"):
         for n in args.messages:
             oa_raw, an_raw = bodies(n, kind)
-            for protocol, parse, raw in (("openai", openai_api.parse_chat_request, oa_raw),
-                                         ("anthropic", anthropic_api.parse_messages_request, an_raw)):
+            for protocol, parse, raw in (
+                ("openai", openai_api.parse_chat_request, oa_raw),
+                ("anthropic", anthropic_api.parse_messages_request, an_raw),
+            ):
                 memo = MessageMemo()
                 parse(orjson.loads(raw), memo)  # the first sight fills the memo
                 row = {"kind": kind, "messages": n, "protocol": protocol, "body_bytes": len(raw)}
@@ -87,7 +113,11 @@ def main() -> None:
                     where = "after_gap" if gap else "warm"
                     plain = median_ms(parse, raw, args.samples, gap)
                     memoized = median_ms(lambda b, m=memo, p=parse: p(b, m), raw, args.samples, gap)
-                    row[where] = {"no_memo_ms": plain, "memo_ms": memoized, "ratio": round(memoized / plain, 2)}
+                    row[where] = {
+                        "no_memo_ms": plain,
+                        "memo_ms": memoized,
+                        "ratio": round(memoized / plain, 2),
+                    }
                 rows.append(row)
                 print(json.dumps(row), flush=True, file=__import__("sys").stderr)
     print(json.dumps({"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "rows": rows}, indent=1))

@@ -67,7 +67,9 @@ def rss_bytes() -> int:
 
 def raw_array_bytes(trajectory) -> int:
     """int32 ids + int8 mask + float32 logprobs for every segment."""
-    return sum(4 * len(s) + 1 * len(s.response_mask) + 4 * len(s.response_logprobs) for s in trajectory.segments)
+    return sum(
+        4 * len(s) + 1 * len(s.response_mask) + 4 * len(s.response_logprobs) for s in trajectory.segments
+    )
 
 
 def deep_bytes(root: object, seen: set[int]) -> int:
@@ -94,8 +96,9 @@ def deep_bytes(root: object, seen: set[int]) -> int:
 def holders(session, shared: set[int]) -> dict[str, int]:
     """Bytes per owner of one session (see the module docstring)."""
     traj = session.trajectory
-    token_arrays = [a for s in traj.segments
-                    for a in (s.prompt_ids, s.response_ids, s.response_mask, s.response_logprobs)]
+    token_arrays = [
+        a for s in traj.segments for a in (s.prompt_ids, s.response_ids, s.response_mask, s.response_logprobs)
+    ]
     return {
         "trajectory_token_arrays": sum(sys.getsizeof(a) for a in token_arrays),
         "trajectory_all": deep_bytes(traj, set(shared)),
@@ -118,7 +121,8 @@ async def build(args: argparse.Namespace, backend_url: str) -> dict:
         warm = server.open_session()
         await server.session(warm.session_id).run_turn(
             ChatRequest(protocol="openai", messages=[{"role": "user", "content": "hi"}]),
-            new_tool_call_id=lambda: f"call_{next(ids)}")
+            new_tool_call_id=lambda: f"call_{next(ids)}",
+        )
         await server.close_session(warm.session_id)
         system = sized_text(tok, 2000, salt=1)
         users = [sized_text(tok, 100, salt=10 + t) for t in range(200)]
@@ -134,8 +138,10 @@ async def build(args: argparse.Namespace, backend_url: str) -> dict:
                 while sum(len(s) for s in session.trajectory.segments) < args.tokens and t < len(users):
                     messages.append({"role": "user", "content": users[t]})
                     sent = json.loads(json.dumps(messages)) if args.json_roundtrip else list(messages)
-                    outcome = await session.run_turn(ChatRequest(protocol="openai", messages=sent),
-                                                     new_tool_call_id=lambda: f"call_{next(ids)}")
+                    outcome = await session.run_turn(
+                        ChatRequest(protocol="openai", messages=sent),
+                        new_tool_call_id=lambda: f"call_{next(ids)}",
+                    )
                     del sent
                     messages.append({"role": "assistant", "content": outcome.parsed.content})
                     t += 1
@@ -159,8 +165,10 @@ async def build(args: argparse.Namespace, backend_url: str) -> dict:
         traced1 = tracemalloc.get_traced_memory()[0]
         after = tracemalloc.take_snapshot()
         tracemalloc.stop()
-        top = [{"site": str(stat.traceback[0]), "bytes_per_session": round(stat.size_diff / args.sessions)}
-               for stat in after.compare_to(before, "lineno")[:args.top]]
+        top = [
+            {"site": str(stat.traceback[0]), "bytes_per_session": round(stat.size_diff / args.sessions)}
+            for stat in after.compare_to(before, "lineno")[: args.top]
+        ]
         sessions = [server.session(h.session_id) for h in handles]
         shared = {id(tok), id(server), id(sessions[0].pool)}
         held = [holders(sn, shared) for sn in sessions]
@@ -176,14 +184,23 @@ async def build(args: argparse.Namespace, backend_url: str) -> dict:
         await server.stop()
     traced = (traced1 - traced0) / args.sessions
     rss = (rss1 - rss0) / args.sessions
-    return {"sessions": args.sessions, "tokens_per_session": round(tokens),
-            "response_tokens_per_session": round(response), "turns_per_session": turns,
-            "segments_per_session": segments,
-            "tracemalloc_bytes_per_session": round(traced), "rss_bytes_per_session": round(rss),
-            "raw_arrays_bytes_per_session": round(raw), "npz_bytes_per_session": round(npz),
-            "ratio_tracemalloc_to_raw": round(traced / raw, 2), "ratio_rss_to_raw": round(rss / raw, 2),
-            "tracemalloc_bytes_per_token": round(traced / tokens, 1), "json_roundtrip": args.json_roundtrip,
-            "holders_bytes_per_session": held_avg, "top_allocation_sites": top}
+    return {
+        "sessions": args.sessions,
+        "tokens_per_session": round(tokens),
+        "response_tokens_per_session": round(response),
+        "turns_per_session": turns,
+        "segments_per_session": segments,
+        "tracemalloc_bytes_per_session": round(traced),
+        "rss_bytes_per_session": round(rss),
+        "raw_arrays_bytes_per_session": round(raw),
+        "npz_bytes_per_session": round(npz),
+        "ratio_tracemalloc_to_raw": round(traced / raw, 2),
+        "ratio_rss_to_raw": round(rss / raw, 2),
+        "tracemalloc_bytes_per_token": round(traced / tokens, 1),
+        "json_roundtrip": args.json_roundtrip,
+        "holders_bytes_per_session": held_avg,
+        "top_allocation_sites": top,
+    }
 
 
 def main() -> None:
@@ -192,17 +209,25 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--reply-tokens", type=int, default=2000)
     ap.add_argument("--top", type=int, default=8, help="allocation sites to list")
-    ap.add_argument("--json-roundtrip", action="store_true",
-                    help="give each request freshly parsed messages, as the HTTP routes do")
+    ap.add_argument(
+        "--json-roundtrip",
+        action="store_true",
+        help="give each request freshly parsed messages, as the HTTP routes do",
+    )
     args = ap.parse_args()
     proc, backend = spawn("--serve-backend", "--delay-ms", "0", "--reply-tokens", str(args.reply_tokens))
     try:
         load_before = os.getloadavg()
         started = time.time()
         result = asyncio.run(build(args, backend["url"]))
-        out = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
-               "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(),
-               "loadavg_before": load_before, "loadavg_after": os.getloadavg(), **result}
+        out = {
+            "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+            "wall_s": round(time.time() - started, 1),
+            "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            **result,
+        }
         print(json.dumps(out, indent=2))
     finally:
         proc.terminate()

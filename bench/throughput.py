@@ -87,7 +87,7 @@ def cpu_by_process(own: dict[int, str]) -> dict[str, float]:
             stat = (d / "stat").read_text()
         except OSError:
             continue
-        name = own.get(int(d.name)) or stat[stat.index("(") + 1: stat.rindex(")")]
+        name = own.get(int(d.name)) or stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat.rsplit(")", 1)[1].split()
         out[name] = out.get(name, 0.0) + sum(int(x) for x in fields[11:15]) / tick
     return out
@@ -105,13 +105,21 @@ async def sample_peaks(dclient, queue: str, temporal_pid: int | None, every_s: f
         worker = rss_of("self")
         boxes = await asyncio.to_thread(containers_bytes, dclient, queue)
         temporal = rss_of(temporal_pid) if temporal_pid else 0
-        for k, v in (("worker_rss", worker), ("containers", boxes), ("temporal_rss", temporal),
-                     ("total", worker + boxes + temporal)):
+        for k, v in (
+            ("worker_rss", worker),
+            ("containers", boxes),
+            ("temporal_rss", temporal),
+            ("total", worker + boxes + temporal),
+        ):
             peaks[k] = max(peaks.get(k, 0), v)
-        peaks["max_running_containers"] = max(peaks.get("max_running_containers", 0),
-                                              len(await asyncio.to_thread(
-                                                  dclient.containers.list,
-                                                  filters={"label": f"trialflow.worker={queue}"})))
+        peaks["max_running_containers"] = max(
+            peaks.get("max_running_containers", 0),
+            len(
+                await asyncio.to_thread(
+                    dclient.containers.list, filters={"label": f"trialflow.worker={queue}"}
+                )
+            ),
+        )
         await asyncio.sleep(every_s)
 
 
@@ -128,10 +136,15 @@ async def heartbeat_timeouts(client, trial_ids: list[str]) -> list[dict]:
                 attrs = e.activity_task_timed_out_event_attributes
                 details = attrs.failure.timeout_failure_info.last_heartbeat_details.payloads
                 t0 = started.get(attrs.started_event_id)
-                out.append({"trial": wid[-24:],
-                            "started_to_timeout_s": round(e.event_time.ToDatetime().timestamp() - t0, 1)
-                            if t0 else None,
-                            "last_heartbeat": [p.data.decode(errors="replace")[:120] for p in details]})
+                out.append(
+                    {
+                        "trial": wid[-24:],
+                        "started_to_timeout_s": round(e.event_time.ToDatetime().timestamp() - t0, 1)
+                        if t0
+                        else None,
+                        "last_heartbeat": [p.data.decode(errors="replace")[:120] for p in details],
+                    }
+                )
     return out
 
 
@@ -141,10 +154,13 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
     from trialflow import batch
 
     batch_id = f"tput{n}-{uuid.uuid4().hex[:6]}"
-    specs = batch.make_specs(batch_id, [REPO / "examples" / "tasks" / args.task], "oracle", samples=n,
-                             attempt_limit=1)
+    specs = batch.make_specs(
+        batch_id, [REPO / "examples" / "tasks" / args.task], "oracle", samples=n, attempt_limit=1
+    )
     peaks: dict = {}
-    sampler = asyncio.create_task(sample_peaks(dclient, process.host_queue, temporal_pid, args.sample_s, peaks))
+    sampler = asyncio.create_task(
+        sample_peaks(dclient, process.host_queue, temporal_pid, args.sample_s, peaks)
+    )
     done: list = []
     own = {os.getpid(): "bench worker (this process)"}
     if temporal_pid:
@@ -154,8 +170,10 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
     t0 = time.perf_counter()
     timed_out = False
     try:
-        await asyncio.wait_for(batch.run(client, specs, on_result=done.append, task_queue=settings.task_queue),
-                               args.level_timeout_s)
+        await asyncio.wait_for(
+            batch.run(client, specs, on_result=done.append, task_queue=settings.task_queue),
+            args.level_timeout_s,
+        )
     except TimeoutError:
         timed_out = True
         for spec in specs:
@@ -167,7 +185,7 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
     sampler.cancel()
     cpu1, busy1 = cpu_by_process(own), machine_busy_s()
     spent = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
-    top = sorted(((k, v) for k, v in spent.items() if v > 0), key=lambda kv: -kv[1])[:args.top_processes]
+    top = sorted(((k, v) for k, v in spent.items() if v > 0), key=lambda kv: -kv[1])[: args.top_processes]
     phases: dict[str, list[float]] = {}
     for r in done:
         for k, v in r.timings.items():
@@ -175,15 +193,22 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
     mib = 1024**2
     stuck = [r.trial_id for r in done if r.error and "HEARTBEAT" in r.error.type]
     return {
-        "concurrency": n, "finished": len(done), "timed_out": timed_out, "wall_s": round(wall, 1),
+        "concurrency": n,
+        "finished": len(done),
+        "timed_out": timed_out,
+        "wall_s": round(wall, 1),
         "trials_per_minute": round(len(done) / wall * 60, 1),
         "reward_1": sum(1 for r in done if r.reward_valid and r.reward == 1.0),
         "terminations": dict(Counter(r.termination_reason for r in done)),
-        "errors": dict(Counter(f"{r.error.phase}: {r.error.type}: {r.error.message[:100]}" for r in done if r.error)),
+        "errors": dict(
+            Counter(f"{r.error.phase}: {r.error.type}: {r.error.message[:100]}" for r in done if r.error)
+        ),
         "phase_medians_s": {k: round(statistics.median(v), 2) for k, v in phases.items()},
         "peak_mib": {k: (round(v / mib) if k != "max_running_containers" else v) for k, v in peaks.items()},
-        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "machine_cpu_busy_s": round(busy1 - busy0, 1), "machine_cpu_available_s": round(wall * os.cpu_count(), 1),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "machine_cpu_busy_s": round(busy1 - busy0, 1),
+        "machine_cpu_available_s": round(wall * os.cpu_count(), 1),
         "cpu_s_by_process": {k: round(v, 1) for k, v in top},
         "heartbeat_timeouts": await heartbeat_timeouts(client, stuck),
     }
@@ -204,7 +229,10 @@ async def bench(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="tf-bench-tput-") as state:
         for n in args.concurrency:
             async with temporal_worker(Path(state) / str(n), max_trials=n, address=args.temporal) as (
-                    client, settings, process):
+                client,
+                settings,
+                process,
+            ):
                 temporal_pid = None
                 if args.temporal is None:
                     temporal_pid = temporal_server_pid(Path(state) / str(n) / "temporal")
@@ -238,8 +266,17 @@ def main() -> None:
     args = ap.parse_args()
     started = time.time()
     result = asyncio.run(bench(args))
-    print(json.dumps({"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
-                      "wall_s": round(time.time() - started, 1), "cpus": os.cpu_count(), **result}, indent=2))
+    print(
+        json.dumps(
+            {
+                "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+                "wall_s": round(time.time() - started, 1),
+                "cpus": os.cpu_count(),
+                **result,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,14 +22,27 @@ from proxy.chat import ChatRequest, Generation, ParsedOutput, ToolCall
 from proxy.tokenization import ConversationTracker
 from trialflow.tinymodel import build_tokenizer
 
-TOOLS = [{"type": "function", "function": {"name": "Bash", "description": "Run a shell command",
-          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
 
 
 def assistant_turn(tok, i: int, words: int) -> tuple[ParsedOutput, list[int]]:
     text = " ".join(f"step{i} looks at file{j}.py and edits line {j}" for j in range(words))
     call = ToolCall(id=f"call_{i}", name="Bash", arguments={"command": f"cat file{i}.py"})
-    rendered = text + "\n<tool_call>\n" + json.dumps({"name": "Bash", "arguments": call.arguments}) + "\n</tool_call>"
+    rendered = (
+        text
+        + "\n<tool_call>\n"
+        + json.dumps({"name": "Bash", "arguments": call.arguments})
+        + "\n</tool_call>"
+    )
     ids = tok.encode(rendered, add_special_tokens=False) + [tok.convert_tokens_to_ids(tok.eos_token)]
     return ParsedOutput(content=text, tool_calls=[call]), ids
 
@@ -37,8 +50,10 @@ def assistant_turn(tok, i: int, words: int) -> tuple[ParsedOutput, list[int]]:
 def run(turns: int, target_tokens: int, repeats: int) -> dict:
     tok = build_tokenizer(Path(tempfile.gettempdir()) / "trialflow-bench-tokenizer")
     tracker = ConversationTracker(tok, session_id="bench")
-    messages = [{"role": "system", "content": "You are a coding agent."},
-                {"role": "user", "content": "Fix the failing tests in this repository."}]
+    messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing tests in this repository."},
+    ]
     # words per assistant turn so that `turns` turns reach about target_tokens
     per_turn = target_tokens // turns
     probe_parsed, probe_ids = assistant_turn(tok, 0, 10)
@@ -51,8 +66,12 @@ def run(turns: int, target_tokens: int, repeats: int) -> dict:
 
         def one_turn(tr: ConversationTracker) -> None:
             prepared = tr.prepare(request)
-            gen = Generation(prompt_token_ids=prepared.prompt_ids, token_ids=gen_ids,
-                             logprobs=[-0.5] * len(gen_ids), finish_reason="tool_calls")
+            gen = Generation(
+                prompt_token_ids=prepared.prompt_ids,
+                token_ids=gen_ids,
+                logprobs=[-0.5] * len(gen_ids),
+                finish_reason="tool_calls",
+            )
             tr.commit(prepared, gen, parsed)
 
         if i in (1, turns):
@@ -64,15 +83,32 @@ def run(turns: int, target_tokens: int, repeats: int) -> dict:
                 samples.append(time.process_time() - t0)
             cpu_per_turn[i] = statistics.median(samples)
         one_turn(tracker)
-        messages.append({"role": "assistant", "content": parsed.content, "tool_calls": [
-            {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": json.dumps(tc.arguments)}}
-            for tc in parsed.tool_calls]})
-        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": f"# file{i}.py\nprint('ok {i}')\n"})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": parsed.content,
+                "tool_calls": [
+                    {
+                        "id": tc.id,
+                        "type": "function",
+                        "function": {"name": tc.name, "arguments": json.dumps(tc.arguments)},
+                    }
+                    for tc in parsed.tool_calls
+                ],
+            }
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": f"# file{i}.py\nprint('ok {i}')\n"}
+        )
     main = tracker.trajectory.segments[0]
     assert len(tracker.trajectory.segments) == 1, "every turn must extend the main segment"
-    return {"turns": turns, "session_tokens": len(main.full_ids),
-            "cpu_ms_turn_1": cpu_per_turn[1] * 1e3, f"cpu_ms_turn_{turns}": cpu_per_turn[turns] * 1e3,
-            "ratio": cpu_per_turn[turns] / cpu_per_turn[1]}
+    return {
+        "turns": turns,
+        "session_tokens": len(main.full_ids),
+        "cpu_ms_turn_1": cpu_per_turn[1] * 1e3,
+        f"cpu_ms_turn_{turns}": cpu_per_turn[turns] * 1e3,
+        "ratio": cpu_per_turn[turns] / cpu_per_turn[1],
+    }
 
 
 def main() -> None:

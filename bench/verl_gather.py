@@ -34,8 +34,9 @@ from proxy.trajectory import SegmentHeader, Trajectory, TurnDelta, TurnRecord
 REPO = Path(__file__).resolve().parents[1]
 
 
-def synthetic_trajectory(turns: int, gen: int, env: int, prompt: int, experts: tuple[int, int, int] | None,
-                         seed: int = 0) -> Trajectory:
+def synthetic_trajectory(
+    turns: int, gen: int, env: int, prompt: int, experts: tuple[int, int, int] | None, seed: int = 0
+) -> Trajectory:
     """A one-segment conversation through the real fold: random ids (vocab 150k), logprobs
     from a log-normal, experts uniformly random over (layers, top_k, n_experts)."""
     rng = np.random.default_rng(seed)
@@ -49,13 +50,25 @@ def synthetic_trajectory(turns: int, gen: int, env: int, prompt: int, experts: t
         if experts is not None:
             layers, top_k, n_exp = experts
             routed = rng.integers(0, n_exp, (length - 1, layers, top_k), dtype=np.int32)
-        traj.apply(TurnDelta(
-            record=TurnRecord(segment=0, prompt_tokens=length - gen, completion_tokens=gen,
-                              env_tokens_added=len(env_ids), finish_reason="stop"),
-            gen_ids=gen_ids, gen_logprobs=(-rng.lognormal(-1.5, 1.2, gen)).tolist(), env_ids=env_ids,
-            new_segment=SegmentHeader("main", False, "sys", rng.integers(0, 150_000, prompt).tolist()) if t == 0 else None,
-            routed_experts=routed, policy_version=1,
-        ))
+        traj.apply(
+            TurnDelta(
+                record=TurnRecord(
+                    segment=0,
+                    prompt_tokens=length - gen,
+                    completion_tokens=gen,
+                    env_tokens_added=len(env_ids),
+                    finish_reason="stop",
+                ),
+                gen_ids=gen_ids,
+                gen_logprobs=(-rng.lognormal(-1.5, 1.2, gen)).tolist(),
+                env_ids=env_ids,
+                new_segment=SegmentHeader("main", False, "sys", rng.integers(0, 150_000, prompt).tolist())
+                if t == 0
+                else None,
+                routed_experts=routed,
+                policy_version=1,
+            )
+        )
     return traj
 
 
@@ -66,7 +79,9 @@ def bytes_per_token() -> list[dict]:
         traj = synthetic_trajectory(turns=30, gen=200, env=300, prompt=4000, experts=shape)
         size = len(traj.to_bytes())
         tokens = len(traj.segments[0])
-        rows.append({"experts": name, "tokens": tokens, "bytes": size, "bytes_per_token": round(size / tokens, 2)})
+        rows.append(
+            {"experts": name, "tokens": tokens, "bytes": size, "bytes_per_token": round(size / tokens, 2)}
+        )
     return rows
 
 
@@ -83,9 +98,15 @@ async def gather_bench(args: argparse.Namespace) -> dict:
     ensure_base_image(docker.from_env())
     suffix = uuid.uuid4().hex[:8]
     settings = load_settings(
-        temporal_address=args.temporal, task_queue=f"bench-{suffix}", s3_endpoint=args.s3,
-        s3_bucket="trialflow-bench", s3_prefix=f"bench-{suffix}", s3_access_key="trialflow",
-        s3_secret_key="trialflow", worker_id=f"bench-{suffix}", max_concurrent_trials=args.concurrency,
+        temporal_address=args.temporal,
+        task_queue=f"bench-{suffix}",
+        s3_endpoint=args.s3,
+        s3_bucket="trialflow-bench",
+        s3_prefix=f"bench-{suffix}",
+        s3_access_key="trialflow",
+        s3_secret_key="trialflow",
+        worker_id=f"bench-{suffix}",
+        max_concurrent_trials=args.concurrency,
         drain_grace_s=5,
     )
     client = await batch.connect(settings.temporal_address)
@@ -93,8 +114,13 @@ async def gather_bench(args: argparse.Namespace) -> dict:
     stop = asyncio.Event()
     running = asyncio.create_task(process.run(stop))
     try:
-        specs = batch.make_specs(f"bench-{suffix}", [REPO / "examples" / "tasks" / args.task], args.scaffold,
-                                 samples=args.trials, attempt_limit=1)
+        specs = batch.make_specs(
+            f"bench-{suffix}",
+            [REPO / "examples" / "tasks" / args.task],
+            args.scaffold,
+            samples=args.trials,
+            attempt_limit=1,
+        )
         t0 = time.time()
         step = await run_step(client, worker_main.open_store(settings), specs, task_queue=settings.task_queue)
         cfg = ConvertConfig(prompt_length=4096, response_length=8192)
@@ -110,16 +136,26 @@ async def gather_bench(args: argparse.Namespace) -> dict:
     if args.report:
         from trialflow.report import write_report
 
-        write_report(args.report, [t.result for t in step.trials], title=f"bench {args.trials} x {args.scaffold}")
+        write_report(
+            args.report, [t.result for t in step.trials], title=f"bench {args.trials} x {args.scaffold}"
+        )
     return {
-        "trials": len(specs), "scaffold": args.scaffold, "task": args.task, "worker_slots": args.concurrency,
+        "trials": len(specs),
+        "scaffold": args.scaffold,
+        "task": args.task,
+        "worker_slots": args.concurrency,
         "converted": len(converted),
         "rewards_valid": sum(t.result.reward_valid for t in step.trials),
         "step_wall_s": round(in_hands - t0, 2),
         "terminations": dict(Counter(t.result.termination_reason for t in step.trials)),
-        "errors": dict(Counter(f"{t.result.error.type}: {t.result.error.message[:80]}" for t in step.trials
-                               if t.result.error)),
-        "reward_errors": dict(Counter(t.result.reward_error[:80] for t in step.trials if t.result.reward_error)),
+        "errors": dict(
+            Counter(
+                f"{t.result.error.type}: {t.result.error.message[:80]}" for t in step.trials if t.result.error
+            )
+        ),
+        "reward_errors": dict(
+            Counter(t.result.reward_error[:80] for t in step.trials if t.result.reward_error)
+        ),
         "workflow_s_median": round(statistics.median(durations), 2),
         "workflow_s_max": round(max(durations), 2),
         "phases_s_median": round(statistics.median(own), 2),
@@ -135,8 +171,13 @@ async def read_bench(args: argparse.Namespace) -> list[dict]:
     from trialflow.verl.step_batch import load_trajectory
     from workflows.shared import TrialResult
 
-    settings = load_settings(s3_endpoint=args.s3, s3_bucket="trialflow-bench", s3_prefix=f"read-{uuid.uuid4().hex[:8]}",
-                             s3_access_key="trialflow", s3_secret_key="trialflow")
+    settings = load_settings(
+        s3_endpoint=args.s3,
+        s3_bucket="trialflow-bench",
+        s3_prefix=f"read-{uuid.uuid4().hex[:8]}",
+        s3_access_key="trialflow",
+        s3_secret_key="trialflow",
+    )
     store = worker_main.open_store(settings)
     rows = []
     for name, shape in {"none": None, "moe-48x8/128": (48, 8, 128)}.items():
@@ -144,11 +185,22 @@ async def read_bench(args: argparse.Namespace) -> list[dict]:
         results = []
         for i in range(args.trials):
             uri = store.put_bytes(f"{name.replace('/', '_')}/{i}/trajectory.npz", payload)
-            results.append(TrialResult(trial_id=f"t{i}", batch_id="b", task_name="t", scaffold="s", sample_index=i,
-                                       reward=1.0, reward_valid=True, termination_reason="submitted",
-                                       trajectory_uris=[uri]))
-        cfg = ConvertConfig(prompt_length=8192, response_length=16384,
-                            experts_shape=None if shape is None else shape[:2])
+            results.append(
+                TrialResult(
+                    trial_id=f"t{i}",
+                    batch_id="b",
+                    task_name="t",
+                    scaffold="s",
+                    sample_index=i,
+                    reward=1.0,
+                    reward_valid=True,
+                    termination_reason="submitted",
+                    trajectory_uris=[uri],
+                )
+            )
+        cfg = ConvertConfig(
+            prompt_length=8192, response_length=16384, experts_shape=None if shape is None else shape[:2]
+        )
         t0 = time.perf_counter()
         loaded = await asyncio.gather(*(load_trajectory(store, r) for r in results))
         t1 = time.perf_counter()
@@ -156,8 +208,15 @@ async def read_bench(args: argparse.Namespace) -> list[dict]:
             assert err is None, err
             convert_trial(traj, r, cfg)
         t2 = time.perf_counter()
-        rows.append({"experts": name, "trajectories": args.trials, "bytes_each": len(payload),
-                     "read_s": round(t1 - t0, 2), "convert_s": round(t2 - t1, 2)})
+        rows.append(
+            {
+                "experts": name,
+                "trajectories": args.trials,
+                "bytes_each": len(payload),
+                "read_s": round(t1 - t0, 2),
+                "convert_s": round(t2 - t1, 2),
+            }
+        )
     return rows
 
 

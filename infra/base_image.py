@@ -39,9 +39,24 @@ MIRROR = "http://deb.debian.org/debian"
 # What agents and sample tasks expect to find: a shell, Python for tests, tmux for
 # terminal-style agents, ps/kill for timeouts, and the usual file tools.
 PACKAGES = (
-    "bash", "coreutils", "findutils", "grep", "sed", "gawk", "diffutils", "patch",
-    "procps", "psmisc", "tmux", "python3", "ca-certificates", "less", "file",
-    "git", "curl", "xz-utils",
+    "bash",
+    "coreutils",
+    "findutils",
+    "grep",
+    "sed",
+    "gawk",
+    "diffutils",
+    "patch",
+    "procps",
+    "psmisc",
+    "tmux",
+    "python3",
+    "ca-certificates",
+    "less",
+    "file",
+    "git",
+    "curl",
+    "xz-utils",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache" / "base-image"
@@ -83,9 +98,16 @@ def build_rootfs_tarball(dest: Path, timeout_s: float = 1200) -> Path:
         rootfs = Path(tmp) / "rootfs"
         try:
             _run(
-                ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-                 SUITE, str(rootfs), MIRROR],
-                "debootstrap", timeout_s,
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    f"--include={','.join(PACKAGES)}",
+                    SUITE,
+                    str(rootfs),
+                    MIRROR,
+                ],
+                "debootstrap",
+                timeout_s,
             )
         finally:
             # A failed debootstrap leaves /proc and /sys mounted inside the rootfs; the
@@ -108,8 +130,9 @@ def image_exists(client: docker.DockerClient, tag: str = BASE_IMAGE) -> bool:
         return False
 
 
-def ensure_base_image(client: docker.DockerClient, *, force: bool = False,
-                      cache_dir: Path = CACHE_DIR) -> str:
+def ensure_base_image(
+    client: docker.DockerClient, *, force: bool = False, cache_dir: Path = CACHE_DIR
+) -> str:
     """Make sure `trialflow-base:bookworm` exists; return its image id.
 
     `force=True` rebuilds the rootfs tarball and re-imports even when both exist.
@@ -127,9 +150,14 @@ def ensure_base_image(client: docker.DockerClient, *, force: bool = False,
     # From a file path the SDK sends a Content-Length body; its chunked stream upload is
     # rejected by this engine ("invalid byte in chunk length").
     out = client.api.import_image_from_file(
-        str(tarball), repository=repo, tag=tag,
-        changes=['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8",
-                 "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        str(tarball),
+        repository=repo,
+        tag=tag,
+        changes=[
+            'CMD ["/bin/bash"]',
+            "ENV LANG=C.UTF-8",
+            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ],
     )
     if not image_exists(client):
         raise BaseImageError(f"docker import did not produce {BASE_IMAGE}: {out!r}"[:2000])

@@ -130,7 +130,9 @@ def ensure_search_attributes(
 
     async def _ensure() -> None:
         client = await Client.connect(address, namespace=namespace)
-        listed = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
         missing = {
             name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
             for name, kind in attributes.items()
@@ -227,7 +229,10 @@ def create_bucket(endpoint_url: str, bucket: str) -> None:
     except ClientError as exc:
         # Asked again for a bucket that exists: SeaweedFS's bucket listing can lag
         # right after creation, so asking the server is the only reliable check.
-        if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+        if exc.response.get("Error", {}).get("Code") not in (
+            "BucketAlreadyOwnedByYou",
+            "BucketAlreadyExists",
+        ):
             raise
 
 
@@ -323,7 +328,9 @@ def ensure_dockerd(log_path: Path | None = None, ready_timeout_s: float = 60) ->
 def vllm_python(override: str | Path | None = None) -> Path:
     """The interpreter of the separate vLLM venv: `override`, else env
     `TRIALFLOW_VLLM_PYTHON`, else `<repo>/.venv-vllm/bin/python`."""
-    chosen = override or os.environ.get("TRIALFLOW_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    chosen = (
+        override or os.environ.get("TRIALFLOW_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    )
     return Path(chosen)
 
 
@@ -494,8 +501,14 @@ class EmbeddedInfra:
             if not self._given_vllm_urls:
                 model_dir = self.model_dir or cached_tiny_model(self.state_dir / "models")
                 self.services.append(
-                    start_vllm(model_dir, self.ports.vllm, self.served_model_name, log_dir=logs, reuse=True,
-                               max_model_len=DEMO_MAX_MODEL_LEN)
+                    start_vllm(
+                        model_dir,
+                        self.ports.vllm,
+                        self.served_model_name,
+                        log_dir=logs,
+                        reuse=True,
+                        max_model_len=DEMO_MAX_MODEL_LEN,
+                    )
                 )
         except BaseException:
             self.stop()

@@ -61,7 +61,16 @@ from proxy import jsonio
 from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome, name_tool_results
 from proxy.errors import BackendError, InvalidRequest, ProtocolError, ProxyError
 from proxy.wire import (
-    Converted, MessageMemo, ToolListParser, WireModel, convert_messages, generic, note_unused, pieces, validate)
+    Converted,
+    MessageMemo,
+    ToolListParser,
+    WireModel,
+    convert_messages,
+    generic,
+    note_unused,
+    pieces,
+    validate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +163,22 @@ class MessagesRequest(CountTokensRequest):
     cache_control: dict[str, Any] | None = None
 
 
-_ACTED_ON = frozenset({
-    "model", "messages", "system", "tools", "tool_choice", "thinking", "max_tokens", "stream",
-    "stop_sequences", "temperature", "top_p", "top_k",
-})
+_ACTED_ON = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "max_tokens",
+        "stream",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+    }
+)
 _UNSUPPORTED = {"image": "images", "document": "documents"}
 
 # ---------------------------------------------------------------------------------------------
@@ -187,8 +208,9 @@ def count_tokens_response(n: int) -> dict[str, Any]:
     return {"input_tokens": n}
 
 
-def _chat_request(req: CountTokensRequest, sampling: SamplingParams, stream: bool,
-                  memo: MessageMemo | None) -> ChatRequest:
+def _chat_request(
+    req: CountTokensRequest, sampling: SamplingParams, stream: bool, memo: MessageMemo | None
+) -> ChatRequest:
     ignored: set[str] = {k for k in req.model_fields_set if k not in _ACTED_ON}
     ignored |= set(req.model_extra or ())
     messages: list[Message] = []
@@ -255,7 +277,13 @@ def _assistant_message(content: list[Any], path: str, ignored: set[str]) -> Mess
         elif isinstance(block, ThinkingBlock):
             reasoning.append(block.thinking)
         elif isinstance(block, ToolUseBlock):
-            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
+            calls.append(
+                {
+                    "id": block.id,
+                    "type": "function",
+                    "function": {"name": block.name, "arguments": block.input},
+                }
+            )
     msg: Message = {"role": "assistant", "content": "\n".join(texts)}
     if any(reasoning):
         msg["reasoning_content"] = "\n".join(reasoning)
@@ -305,12 +333,16 @@ def _block(raw: Any, path: str, allowed: tuple[str, ...], ignored: set[str]) -> 
     if not isinstance(kind, str):
         raise InvalidRequest(f"{path}.type: required string", param=f"{path}.type")
     if kind in _UNSUPPORTED:
-        raise InvalidRequest(f"{_UNSUPPORTED[kind]} are not supported by this proxy ({path} has type {kind!r})", param=path)
+        raise InvalidRequest(
+            f"{_UNSUPPORTED[kind]} are not supported by this proxy ({path} has type {kind!r})", param=path
+        )
     if kind not in _BLOCKS:
         ignored.add(f"{generic(path)}.type={kind}")
         return None
     if kind not in allowed:
-        raise InvalidRequest(f"{path}: a {kind} block is not allowed here (allowed: {', '.join(allowed)})", param=path)
+        raise InvalidRequest(
+            f"{path}: a {kind} block is not allowed here (allowed: {', '.join(allowed)})", param=path
+        )
     block = validate(_BLOCKS[kind], raw, path)
     if isinstance(block, RedactedThinkingBlock):
         ignored.add(f"{generic(path)}.type=redacted_thinking")
@@ -330,7 +362,9 @@ def _validate_tools(raw: list[dict[str, Any]]) -> tuple[tuple[ToolSpec, ...], fr
     for i, t in enumerate(raw):
         kind = t.get("type")
         if kind is not None and kind != "custom":
-            log.info("skipping server tool %r (type %r): the proxy serves client tools only", t.get("name"), kind)
+            log.info(
+                "skipping server tool %r (type %r): the proxy serves client tools only", t.get("name"), kind
+            )
             ignored.add(f"tools[].type={kind}")
             continue
         tool = validate(CustomTool, t, f"tools[{i}]")
@@ -353,7 +387,9 @@ def _tool_choice(choice: ToolChoice | None, ignored: set[str]) -> Any:
         ignored.add("tool_choice.disable_parallel_tool_use")
     if choice.type == "tool":
         if not choice.name:
-            raise InvalidRequest("tool_choice.name: required when tool_choice.type is 'tool'", param="tool_choice.name")
+            raise InvalidRequest(
+                "tool_choice.name: required when tool_choice.type is 'tool'", param="tool_choice.name"
+            )
         return {"type": "function", "function": {"name": choice.name}}
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
@@ -433,7 +469,9 @@ def stream_events(
         kind = block["type"]
         if kind == "thinking":
             first = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [{"type": "thinking_delta", "thinking": p} for p in pieces(block["thinking"], chunk_chars)]
+            deltas = [
+                {"type": "thinking_delta", "thinking": p} for p in pieces(block["thinking"], chunk_chars)
+            ]
             deltas.append({"type": "signature_delta", "signature": block["signature"]})
         elif kind == "text":
             first = {"type": "text", "text": ""}
@@ -441,7 +479,9 @@ def stream_events(
         else:
             first = {**block, "input": {}}
             args = json.dumps(block["input"], ensure_ascii=False)
-            deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces(args, -(-len(args) // 4))]
+            deltas = [
+                {"type": "input_json_delta", "partial_json": p} for p in pieces(args, -(-len(args) // 4))
+            ]
         yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": first}
         for delta in deltas:
             yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
@@ -460,8 +500,15 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
 
 
 def models_response(names: list[str]) -> dict[str, Any]:
-    data = [{"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"} for n in names]
-    return {"data": data, "has_more": False, "first_id": names[0] if names else None, "last_id": names[-1] if names else None}
+    data = [
+        {"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"} for n in names
+    ]
+    return {
+        "data": data,
+        "has_more": False,
+        "first_id": names[0] if names else None,
+        "last_id": names[-1] if names else None,
+    }
 
 
 # ---------------------------------------------------------------------------------------------

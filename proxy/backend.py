@@ -58,6 +58,7 @@ def is_retryable(exc: BackendError) -> bool:
         return True
     return isinstance(exc, BackendHTTPError) and exc.upstream_status >= 500
 
+
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -150,11 +151,12 @@ def drop_verified_echo(raw: bytes, prompt_json: bytes) -> tuple[bytes, bool]:
     at = raw.find(marker)
     if at < 0:
         return raw, False
-    return raw[:at] + b'"prompt_token_ids":null' + raw[at + len(marker):], True
+    return raw[:at] + b'"prompt_token_ids":null' + raw[at + len(marker) :], True
 
 
-def parse_completion(payload: Any, req: CompletionRequest, replica: str = "",
-                     echo_verified: bool = False) -> Generation:
+def parse_completion(
+    payload: Any, req: CompletionRequest, replica: str = "", echo_verified: bool = False
+) -> Generation:
     """Turn a ``/v1/completions`` JSON body into a ``Generation`` for ``req``.
 
     Edge cases: an empty ``token_ids`` is valid (e.g. an abort before the first token);
@@ -230,7 +232,9 @@ class VLLMClient:
         # generation calls (one per turn) go through the lean keep-alive client; https and
         # the rare GETs use aiohttp
         parts = urlsplit(self.url)
-        self._fast = Http1Pool(parts.hostname, parts.port or 80) if parts.scheme == "http" and parts.hostname else None
+        self._fast = (
+            Http1Pool(parts.hostname, parts.port or 80) if parts.scheme == "http" and parts.hostname else None
+        )
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
@@ -252,9 +256,15 @@ class VLLMClient:
         try:
             if self._fast is not None:
                 status, raw = await self._fast.post(
-                    "/v1/completions", body, timeout_s=self._timeout_s, connect_timeout_s=self._connect_timeout_s)
+                    "/v1/completions",
+                    body,
+                    timeout_s=self._timeout_s,
+                    connect_timeout_s=self._connect_timeout_s,
+                )
             else:
-                async with self._session().post(f"{self.url}/v1/completions", data=body, headers=_JSON_HEADERS) as resp:
+                async with self._session().post(
+                    f"{self.url}/v1/completions", data=body, headers=_JSON_HEADERS
+                ) as resp:
                     raw = await resp.read()
                     status = resp.status
         except (Http1Error, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:

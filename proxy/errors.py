@@ -87,7 +87,9 @@ class SessionBusy(ProtocolError):
 
 class PayloadTooLarge(ProtocolError):
     def __init__(self, size: int, limit: int) -> None:
-        super().__init__(413, f"request body of {size} bytes exceeds the limit of {limit} bytes", "request_too_large")
+        super().__init__(
+            413, f"request body of {size} bytes exceeds the limit of {limit} bytes", "request_too_large"
+        )
         self.size = size
         self.limit = limit
 

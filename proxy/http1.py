@@ -63,11 +63,26 @@ class Http1Pool:
         self._idle: deque[_Conn] = deque()
         self._host_header = f"{host}:{port}".encode()
 
-    async def post(self, path: str, body: bytes, *, timeout_s: float | None = None,
-                   connect_timeout_s: float = 5.0, content_type: str = "application/json") -> tuple[int, bytes]:
-        head = (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + self._host_header
-                + b"\r\nContent-Type: " + content_type.encode()
-                + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    async def post(
+        self,
+        path: str,
+        body: bytes,
+        *,
+        timeout_s: float | None = None,
+        connect_timeout_s: float = 5.0,
+        content_type: str = "application/json",
+    ) -> tuple[int, bytes]:
+        head = (
+            b"POST "
+            + path.encode()
+            + b" HTTP/1.1\r\nHost: "
+            + self._host_header
+            + b"\r\nContent-Type: "
+            + content_type.encode()
+            + b"\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+        )
         async with asyncio.timeout(timeout_s):
             conn, idle_s = await self._acquire(connect_timeout_s)
             try:

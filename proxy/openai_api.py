@@ -53,7 +53,16 @@ from proxy import jsonio
 from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome, name_tool_results
 from proxy.errors import BackendError, ContextExhausted, InvalidRequest, ProtocolError, ProxyError
 from proxy.wire import (
-    Converted, MessageMemo, ToolListParser, WireModel, convert_messages, generic, note_unused, pieces, validate)
+    Converted,
+    MessageMemo,
+    ToolListParser,
+    WireModel,
+    convert_messages,
+    generic,
+    note_unused,
+    pieces,
+    validate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +127,26 @@ class ChatCompletionRequest(WireModel):
     chat_template_kwargs: dict[str, Any] | None = None  # not in the spec: vLLM extension
 
 
-_ACTED_ON = frozenset({
-    "model", "messages", "tools", "tool_choice", "stream", "stream_options", "n", "max_tokens",
-    "max_completion_tokens", "temperature", "top_p", "stop", "seed", "reasoning_effort", "top_k",
-    "chat_template_kwargs",
-})
+_ACTED_ON = frozenset(
+    {
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "stream",
+        "stream_options",
+        "n",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "reasoning_effort",
+        "top_k",
+        "chat_template_kwargs",
+    }
+)
 _UNSUPPORTED_PARTS = {"image_url": "images", "input_audio": "audio", "file": "files"}
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +158,9 @@ def parse_chat_request(body: Any, memo: MessageMemo | None = None) -> ChatReques
     With a session's ``memo``, messages it converted before are not validated again."""
     req = validate(ChatCompletionRequest, body)
     if req.n is not None and req.n != 1:
-        raise InvalidRequest(f"n: must be 1 (this proxy generates one choice per request), got {req.n}", param="n")
+        raise InvalidRequest(
+            f"n: must be 1 (this proxy generates one choice per request), got {req.n}", param="n"
+        )
     ignored: set[str] = {k for k in req.model_fields_set if k not in _ACTED_ON} | set(req.model_extra or ())
     messages = name_tool_results(convert_messages(req.messages, _convert_message, memo, ignored))
     if req.stream_options is not None:
@@ -174,7 +200,9 @@ def _message(m: ChatMessage, path: str, ignored: set[str]) -> Message:
     msg: Message = {"role": role, "content": _text_of(m.content, f"{path}.content", ignored)}
     if m.role == "tool":
         if m.tool_call_id is None:
-            raise InvalidRequest(f"{path}.tool_call_id: required for role 'tool'", param=f"{path}.tool_call_id")
+            raise InvalidRequest(
+                f"{path}.tool_call_id: required for role 'tool'", param=f"{path}.tool_call_id"
+            )
         msg["tool_call_id"] = m.tool_call_id
         if m.name is not None:
             msg["name"] = m.name  # the matching tool call's name wins (name_tool_results)
@@ -198,9 +226,13 @@ def _tool_call(tc: ToolCallParam, path: str) -> dict[str, Any]:
         try:
             args = json.loads(args) if args.strip() else {}
         except ValueError as e:
-            raise InvalidRequest(f"{path}.function.arguments: not valid JSON ({e})", param=f"{path}.function.arguments") from None
+            raise InvalidRequest(
+                f"{path}.function.arguments: not valid JSON ({e})", param=f"{path}.function.arguments"
+            ) from None
     if not isinstance(args, dict):
-        raise InvalidRequest(f"{path}.function.arguments: must encode a JSON object", param=f"{path}.function.arguments")
+        raise InvalidRequest(
+            f"{path}.function.arguments: must encode a JSON object", param=f"{path}.function.arguments"
+        )
     return {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": args}}
 
 
@@ -276,7 +308,9 @@ def new_tool_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def build_chat_completion(outcome: TurnOutcome, *, model: str, completion_id: str, created: int) -> dict[str, Any]:
+def build_chat_completion(
+    outcome: TurnOutcome, *, model: str, completion_id: str, created: int
+) -> dict[str, Any]:
     """The non-streaming ``chat.completion`` object for ``outcome``."""
     return {
         "id": completion_id,
@@ -284,7 +318,12 @@ def build_chat_completion(outcome: TurnOutcome, *, model: str, completion_id: st
         "created": created,
         "model": model,
         "choices": [
-            {"index": 0, "message": _message_out(outcome), "finish_reason": _finish_reason(outcome), "logprobs": None}
+            {
+                "index": 0,
+                "message": _message_out(outcome),
+                "finish_reason": _finish_reason(outcome),
+                "logprobs": None,
+            }
         ],
         "usage": _usage(outcome),
     }
@@ -316,7 +355,11 @@ def _finish_reason(outcome: TurnOutcome) -> str:
 
 def _usage(outcome: TurnOutcome) -> dict[str, int]:
     total = outcome.prompt_tokens + outcome.completion_tokens
-    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens, "total_tokens": total}
+    return {
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": total,
+    }
 
 
 def stream_chunks(
@@ -341,7 +384,10 @@ def stream_chunks(
         head["usage"] = None
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+        return {
+            **head,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
 
     yield chunk({"role": "assistant"})
     for piece in pieces(msg.get("reasoning_content", ""), chunk_chars):
@@ -350,7 +396,9 @@ def stream_chunks(
         yield chunk({"content": piece})
     for index, call in enumerate(msg.get("tool_calls", ())):
         function = {"name": call["function"]["name"], "arguments": ""}
-        yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function", "function": function}]})
+        yield chunk(
+            {"tool_calls": [{"index": index, "id": call["id"], "type": "function", "function": function}]}
+        )
         args = call["function"]["arguments"]
         for piece in pieces(args, -(-len(args) // 4)):
             yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
@@ -364,7 +412,10 @@ def sse_chunk(chunk: dict[str, Any]) -> bytes:
 
 
 def models_response(names: list[str]) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "trialflow"} for n in names]}
+    return {
+        "object": "list",
+        "data": [{"id": n, "object": "model", "created": 0, "owned_by": "trialflow"} for n in names],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,7 +446,9 @@ def _error(err: BaseException) -> tuple[int, str, str, str | None, str | None]:
         )
         return 400, message, "invalid_request_error", "messages", "context_length_exceeded"
     if isinstance(err, ProtocolError):
-        kind = {"not_found": "not_found_error", "conflict": "conflict_error"}.get(err.error_type, "invalid_request_error")
+        kind = {"not_found": "not_found_error", "conflict": "conflict_error"}.get(
+            err.error_type, "invalid_request_error"
+        )
         code = None if err.error_type == "invalid_request" else err.error_type
         return err.status, err.message, kind, err.param, code
     if isinstance(err, BackendError):

@@ -72,7 +72,7 @@ class _Stitch:
             if self.experts is None:
                 self.experts = piece.routed_experts
             else:
-                self.experts = np.concatenate([self.experts, piece.routed_experts[len(self.experts):]])
+                self.experts = np.concatenate([self.experts, piece.routed_experts[len(self.experts) :]])
         elif piece.token_ids and self.experts is not None:
             log.warning("routed_experts missing on a resumed piece; dropping experts for this generation")
             self.experts, self.experts_broken = None, True
@@ -242,6 +242,9 @@ class ReplicaPool:
                     f"generation aborted {stitch.resumes + 1} times; giving up", replica=piece.replica
                 )
             stitch.resumes += 1
-            log.info("generation aborted on %s after %d tokens; resuming", piece.replica, len(stitch.token_ids))
-            piece_req = replace(req, prompt_ids=id_array(stitch.prompt_ids) + id_array(stitch.token_ids),
-                                max_tokens=remaining)
+            log.info(
+                "generation aborted on %s after %d tokens; resuming", piece.replica, len(stitch.token_ids)
+            )
+            piece_req = replace(
+                req, prompt_ids=id_array(stitch.prompt_ids) + id_array(stitch.token_ids), max_tokens=remaining
+            )

@@ -58,7 +58,7 @@ class PrefixCache:
         self.misses += 1
         full = encode(text)
         head, rest = encode(text[:cut]), encode(text[cut:])
-        exact = len(head) + len(rest) == len(full) and full[: len(head)] == head and full[len(head):] == rest
+        exact = len(head) + len(rest) == len(full) and full[: len(head)] == head and full[len(head) :] == rest
         self._store(key, array("i", head) if exact else None)
         return array("i", full)
 

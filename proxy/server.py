@@ -91,12 +91,14 @@ ManagementHandler = Callable[[Any, web.Request], Awaitable[web.Response]]
 def _management(handler: ManagementHandler) -> ManagementHandler:
     """A management handler whose ``ProxyError`` is answered as ``{"error": {type, message}}``
     with the error's status (the protocol routes answer in their protocol's own shape)."""
+
     @functools.wraps(handler)
     async def answer(self: Any, request: web.Request) -> web.Response:
         try:
             return await handler(self, request)
         except ProxyError as exc:
             return _mgmt_error(exc)
+
     return answer
 
 
@@ -258,8 +260,11 @@ class ProxyServer:
             raise InvalidRequest(str(exc)) from None
         handle = self.open_session(config)
         return _json_response(
-            {"session_id": handle.session_id, "anthropic_base_url": handle.anthropic_base_url,
-             "openai_base_url": handle.openai_base_url}
+            {
+                "session_id": handle.session_id,
+                "anthropic_base_url": handle.anthropic_base_url,
+                "openai_base_url": handle.openai_base_url,
+            }
         )
 
     @_management
@@ -285,10 +290,19 @@ class ProxyServer:
         return _json_response(self.replica_listing())
 
     def replica_listing(self) -> dict[str, Any]:
-        return {"replicas": [
-            {"url": r.url, "up": r.up, "in_flight": r.in_flight, "served": r.served,
-             "failures": r.failures, "max_model_len": r.max_model_len}
-            for r in self.pool.replicas]}
+        return {
+            "replicas": [
+                {
+                    "url": r.url,
+                    "up": r.up,
+                    "in_flight": r.in_flight,
+                    "served": r.served,
+                    "failures": r.failures,
+                    "max_model_len": r.max_model_len,
+                }
+                for r in self.pool.replicas
+            ]
+        }
 
     @_management
     async def _stats(self, request: web.Request) -> web.Response:
@@ -313,7 +327,8 @@ class ProxyServer:
         try:
             session = self._lookup(request)
             chat = anthropic_api.parse_messages_request(
-                await _read_json(request, self.max_body_bytes), session.message_memo)
+                await _read_json(request, self.max_body_bytes), session.message_memo
+            )
         except ProxyError as exc:
             return _error(render(exc))
         session.note_ignored(chat.ignored_fields)
@@ -325,7 +340,10 @@ class ProxyServer:
                 yield anthropic_api.sse(name, data)
 
         return await self._turn(
-            request, session, chat, anthropic_api.new_tool_use_id,
+            request,
+            session,
+            chat,
+            anthropic_api.new_tool_use_id,
             render_json=lambda o: anthropic_api.build_message(o, model=model, message_id=message_id),
             render_stream=events,
             keepalive=anthropic_api.sse(*anthropic_api.ping_event()),
@@ -337,7 +355,8 @@ class ProxyServer:
         try:
             session = self._lookup(request)
             chat = anthropic_api.parse_count_tokens_request(
-                await _read_json(request, self.max_body_bytes), session.message_memo)
+                await _read_json(request, self.max_body_bytes), session.message_memo
+            )
             n = session.count_tokens(chat)
         except ProxyError as exc:
             return _error(anthropic_api.render_error(exc))
@@ -347,7 +366,9 @@ class ProxyServer:
         render = openai_api.render_error
         try:
             session = self._lookup(request)
-            chat = openai_api.parse_chat_request(await _read_json(request, self.max_body_bytes), session.message_memo)
+            chat = openai_api.parse_chat_request(
+                await _read_json(request, self.max_body_bytes), session.message_memo
+            )
         except ProxyError as exc:
             return _error(render(exc))
         session.note_ignored(chat.ignored_fields)
@@ -357,13 +378,20 @@ class ProxyServer:
 
         def chunks(outcome: TurnOutcome) -> Iterable[bytes]:
             for chunk in openai_api.stream_chunks(
-                outcome, model=model, completion_id=completion_id, created=created, include_usage=chat.stream_usage
+                outcome,
+                model=model,
+                completion_id=completion_id,
+                created=created,
+                include_usage=chat.stream_usage,
             ):
                 yield openai_api.sse_chunk(chunk)
             yield openai_api.SSE_DONE
 
         return await self._turn(
-            request, session, chat, openai_api.new_tool_call_id,
+            request,
+            session,
+            chat,
+            openai_api.new_tool_call_id,
             render_json=lambda o: openai_api.build_chat_completion(
                 o, model=model, completion_id=completion_id, created=created
             ),
@@ -430,7 +458,9 @@ class ProxyServer:
                 return resp
             await resp.write(b"".join(render_stream(outcome)))
         except ConnectionResetError:
-            log.info("session %s: client went away during a streamed turn (the turn is still recorded)", session.id)
+            log.info(
+                "session %s: client went away during a streamed turn (the turn is still recorded)", session.id
+            )
         return resp
 
 
@@ -459,8 +489,13 @@ def _replica_changes(body: Any) -> tuple[list[str], list[str]]:
             raise InvalidRequest(f"{key} must be a list of urls", param=key)
         for url in urls:
             parsed = urlsplit(url) if isinstance(url, str) else None
-            if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname \
-                    or parsed.path.strip("/") or parsed.query:
+            if (
+                parsed is None
+                or parsed.scheme not in ("http", "https")
+                or not parsed.hostname
+                or parsed.path.strip("/")
+                or parsed.query
+            ):
                 raise InvalidRequest(f"{key}: {url!r} is not an http(s)://host[:port] url", param=key)
         out.append([u.rstrip("/") for u in urls])
     return out[0], out[1]
@@ -493,4 +528,3 @@ def _error(rendered: tuple[int, dict[str, Any]], log_unexpected: bool = False) -
 
 def _mgmt_error(exc: ProxyError) -> web.Response:
     return _json_response({"error": {"type": type(exc).__name__, "message": exc.message}}, status=exc.status)
-

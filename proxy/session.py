@@ -90,9 +90,18 @@ class SessionConfig:
         / ``TypeError`` for unknown keys or wrong types (answered 400)."""
         if not isinstance(body, dict):
             raise TypeError("session body must be a JSON object")
-        unknown = set(body) - {"model", "sampling", "max_context_tokens", "replicas", "metadata",
-                               "reasoning_parser", "tool_parser", "template_kwargs", "main_thread",
-                               "policy_version"}
+        unknown = set(body) - {
+            "model",
+            "sampling",
+            "max_context_tokens",
+            "replicas",
+            "metadata",
+            "reasoning_parser",
+            "tool_parser",
+            "template_kwargs",
+            "main_thread",
+            "policy_version",
+        }
         if unknown:
             raise ValueError(f"unknown session fields: {sorted(unknown)}")
         out = self
@@ -146,8 +155,15 @@ def _typed(value: Any, kind: type, name: str) -> Any:
 class Session:
     """One trial attempt. Created by ``ProxyServer.open_session``; see module docstring."""
 
-    def __init__(self, session_id: str, config: SessionConfig, tokenizer: Any, pool: ReplicaPool, *,
-                 prefix_cache: PrefixCache | None = None) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        config: SessionConfig,
+        tokenizer: Any,
+        pool: ReplicaPool,
+        *,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         self.id = session_id
         self.config = config
         self.pool = pool
@@ -159,11 +175,17 @@ class Session:
         # (~3x slower per turn), and the raw text is what the parsers must see anyway.
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._decode: Callable[[list[int]], str] = (
-            (lambda ids: backend.decode(ids, skip_special_tokens=True)) if backend is not None
-            else (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)))
+            (lambda ids: backend.decode(ids, skip_special_tokens=True))
+            if backend is not None
+            else (lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        )
         self.tracker = ConversationTracker(
-            tokenizer, session_id=session_id, template_kwargs=config.template_kwargs,
-            main_thread=config.main_thread, prefix_cache=prefix_cache)
+            tokenizer,
+            session_id=session_id,
+            template_kwargs=config.template_kwargs,
+            main_thread=config.main_thread,
+            prefix_cache=prefix_cache,
+        )
         self.tracker.trajectory.metadata.update(config.metadata)
         self.overlong = False
         self.closed = False
@@ -242,25 +264,39 @@ class Session:
                 # vLLM includes the stop string (the record keeps it); clients must not see it.
                 text = text[: -len(stop_sequence)]
             parsed = parse_output(
-                text, reasoning=self.config.reasoning_parser, tools=self.config.tool_parser,
-                tool_call_id_factory=new_tool_call_id, tool_specs=request.tools,
+                text,
+                reasoning=self.config.reasoning_parser,
+                tools=self.config.tool_parser,
+                tool_call_id_factory=new_tool_call_id,
+                tool_specs=request.tools,
             )
-            self.tracker.commit(prepared, gen, parsed, TurnInfo(
-                started_at=started, latency_s=time.time() - started,
-                policy_version=version_at_start,
-                policy_version_end=self.policy_version,
-                # only a turn cut by the context window (not by the client's max_tokens) is overlong
-                context_limited=max_tokens == left))
+            self.tracker.commit(
+                prepared,
+                gen,
+                parsed,
+                TurnInfo(
+                    started_at=started,
+                    latency_s=time.time() - started,
+                    policy_version=version_at_start,
+                    policy_version_end=self.policy_version,
+                    # only a turn cut by the context window (not by the client's max_tokens) is overlong
+                    context_limited=max_tokens == left,
+                ),
+            )
             if self.config.checkpoint is not None:
                 self._pending_checkpoint = asyncio.create_task(self._checkpoint())
-        finish: FinishReason = "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
+        finish: FinishReason = (
+            "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
+        )
         return TurnOutcome(parsed, finish, prompt_len, len(gen.token_ids), stop_sequence=stop_sequence)
 
     async def _context_limit(self) -> int:
         backend = await self.pool.context_limit()
         limits = [n for n in (self.config.max_context_tokens, backend) if n is not None]
         if not limits:
-            raise ReplicaUnavailable("no replica reports max_model_len and the session sets no max_context_tokens")
+            raise ReplicaUnavailable(
+                "no replica reports max_model_len and the session sets no max_context_tokens"
+            )
         return min(limits)
 
     async def _wait_checkpoint(self) -> None:
@@ -324,8 +360,13 @@ class Session:
             "metadata": dict(t.metadata),
             "counters": asdict(t.counters),
             "segments": [
-                {"kind": s.kind, "rewritten": s.rewritten, "prompt_tokens": len(s.prompt_ids),
-                 "response_tokens": len(s.response_ids), "generated_tokens": sum(s.response_mask)}
+                {
+                    "kind": s.kind,
+                    "rewritten": s.rewritten,
+                    "prompt_tokens": len(s.prompt_ids),
+                    "response_tokens": len(s.response_ids),
+                    "generated_tokens": sum(s.response_mask),
+                }
                 for s in t.segments
             ],
             "turns": [asdict(r) for r in t.turns],

@@ -82,7 +82,15 @@ from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolSpec,
 from proxy.errors import InvalidRequest
 from proxy.prefix_cache import PrefixCache
 from proxy.trajectory import (
-    SegmentHeader, SegmentKind, Trajectory, TrajectoryError, TurnDelta, TurnRecord, id_array, same_ids)
+    SegmentHeader,
+    SegmentKind,
+    Trajectory,
+    TrajectoryError,
+    TurnDelta,
+    TurnRecord,
+    id_array,
+    same_ids,
+)
 
 
 MainThreadRule = Literal["first", "first_with_tools"]
@@ -184,8 +192,12 @@ def _norm(msg: Message) -> tuple:
         for tc in msg.get("tool_calls") or ()
     )
     reasoning = _text(msg.get("reasoning_content")).strip() or None
-    return (msg.get("role"), _compact(_text(msg.get("content")).strip()), calls,
-            None if reasoning is None else _compact(reasoning))
+    return (
+        msg.get("role"),
+        _compact(_text(msg.get("content")).strip()),
+        calls,
+        None if reasoning is None else _compact(reasoning),
+    )
 
 
 def _compact(text: str) -> str | bytes:
@@ -197,9 +209,13 @@ def _compact(text: str) -> str | bytes:
 
 def _tail_shape(messages: list[Message], m: int, thinking: bool | None) -> tuple:
     """What the template's rendering of the tail may depend on besides the texts."""
-    tail = messages[m - 1:]
-    return (tuple(x.get("role") for x in tail), tuple(bool(x.get("tool_calls")) for x in tail),
-            tuple(bool(x.get("reasoning_content")) for x in tail), thinking)
+    tail = messages[m - 1 :]
+    return (
+        tuple(x.get("role") for x in tail),
+        tuple(bool(x.get("tool_calls")) for x in tail),
+        tuple(bool(x.get("reasoning_content")) for x in tail),
+        thinking,
+    )
 
 
 def _same(recorded: tuple, echoed: tuple) -> bool:
@@ -244,7 +260,8 @@ class ConversationTracker:
         # A tracker resumed over a recovered trajectory keeps its main thread, but not the
         # conversations: the next request of each thread opens a new segment.
         self._main_key: str | None = next(
-            (s.system_key for s in self.trajectory.segments if s.kind == "main"), None)
+            (s.system_key for s in self.trajectory.segments if s.kind == "main"), None
+        )
         self._recorded: dict[int, _Recorded] = {}
         # Template locality per tail shape: absent = not probed yet (see _delta_text).
         self._tail_ok: dict[tuple, bool] = {}
@@ -253,13 +270,20 @@ class ConversationTracker:
 
     # ------------------------------------------------------------------ rendering
 
-    def _render(self, messages: list[Message], tools: list[ToolSpec] | None, *, generation: bool,
-                thinking: bool | None = None) -> str:
+    def _render(
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec] | None,
+        *,
+        generation: bool,
+        thinking: bool | None = None,
+    ) -> str:
         kwargs = dict(self.template_kwargs)
         if thinking is not None:
             kwargs["enable_thinking"] = thinking
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation, **kwargs)
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation, **kwargs
+        )
 
     def _encode(self, text: str) -> list[int]:
         # The Rust tokenizer directly when there is one: transformers' encode wraps it in a
@@ -305,15 +329,19 @@ class ConversationTracker:
             prompt.extend(env)
             return PreparedTurn(idx, kind, key, prompt, env, len(seg), None, tuple(messages), tools, norms)
         text = self._render(messages, list(tools), generation=True, thinking=request.thinking)
-        prompt = (self._prefix_cache.encode(text, self._encode) if self._prefix_cache is not None
-                  else id_array(self._encode(text)))
+        prompt = (
+            self._prefix_cache.encode(text, self._encode)
+            if self._prefix_cache is not None
+            else id_array(self._encode(text))
+        )
         rewritten = kind == "main" and any(s.kind == "main" for s in segs)
         header = SegmentHeader(kind=kind, rewritten=rewritten, system_key=key, prompt_ids=prompt)
         norms = tuple(_norm(m) for m in messages)
         return PreparedTurn(len(segs), kind, key, prompt, [], 0, header, tuple(messages), tools, norms)
 
-    def _extension(self, idx: int, messages: list[Message], tools: tuple[ToolSpec, ...],
-                   thinking: bool | None) -> tuple[list[int], tuple[tuple, ...]] | None:
+    def _extension(
+        self, idx: int, messages: list[Message], tools: tuple[ToolSpec, ...], thinking: bool | None
+    ) -> tuple[list[int], tuple[tuple, ...]] | None:
         """(environment ids, normalized messages) extending segment ``idx`` to ``messages``, or
         None if it does not extend."""
         rec = self._recorded[idx]
@@ -336,8 +364,9 @@ class ConversationTracker:
             env = [self.eos_id] + env
         return env, norms
 
-    def _delta_text(self, messages: list[Message], m: int, tools: list[ToolSpec],
-                    thinking: bool | None) -> str | None:
+    def _delta_text(
+        self, messages: list[Message], m: int, tools: list[ToolSpec], thinking: bool | None
+    ) -> str | None:
         """Template text after the end of the last recorded assistant turn (rule 3), or None.
 
         Rendering the whole conversation twice per turn makes a turn's CPU grow with the session
@@ -358,7 +387,7 @@ class ConversationTracker:
         lead = 0
         while lead < m - 1 and messages[lead].get("role") == "system":
             lead += 1
-        tail = messages[:lead] + messages[m - 1:]
+        tail = messages[:lead] + messages[m - 1 :]
         fast = self._cut_after_eos(tail, lead + 1, [], thinking)
         if ok:
             return fast
@@ -367,19 +396,25 @@ class ConversationTracker:
             self._tail_ok[shape] = fast == full
         return full
 
-    def _cut_after_eos(self, messages: list[Message], m: int, tools: list[ToolSpec],
-                       thinking: bool | None) -> str | None:
+    def _cut_after_eos(
+        self, messages: list[Message], m: int, tools: list[ToolSpec], thinking: bool | None
+    ) -> str | None:
         s_prev = self._render(messages[:m], tools, generation=False)
         s_full = self._render(messages, tools, generation=True, thinking=thinking)
         cut = s_prev.rfind(self.eos_text)
         if not s_full.startswith(s_prev) or cut == -1:
             return None
-        return s_full[cut + len(self.eos_text):]
+        return s_full[cut + len(self.eos_text) :]
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, prepared: PreparedTurn, generation: Generation, parsed: ParsedOutput,
-               info: TurnInfo = TurnInfo()) -> TurnRecord:
+    def commit(
+        self,
+        prepared: PreparedTurn,
+        generation: Generation,
+        parsed: ParsedOutput,
+        info: TurnInfo = TurnInfo(),
+    ) -> TurnRecord:
         """Record a successful generation for ``prepared`` and remember the returned message."""
         traj = self.trajectory
         if prepared.new_segment is not None:
@@ -403,18 +438,28 @@ class ConversationTracker:
             started_at=info.started_at,
             overlong=info.context_limited and generation.finish_reason == "length",
         )
-        traj.apply(TurnDelta(
-            record=record, gen_ids=generation.token_ids, gen_logprobs=generation.logprobs,
-            env_ids=prepared.env_ids, new_segment=prepared.new_segment,
-            routed_experts=generation.routed_experts, policy_version=info.policy_version,
-            policy_version_end=info.policy_version_end,
-        ))
+        traj.apply(
+            TurnDelta(
+                record=record,
+                gen_ids=generation.token_ids,
+                gen_logprobs=generation.logprobs,
+                env_ids=prepared.env_ids,
+                new_segment=prepared.new_segment,
+                routed_experts=generation.routed_experts,
+                policy_version=info.policy_version,
+                policy_version_end=info.policy_version_end,
+            )
+        )
         if self._main_key is None and prepared.kind == "main":
             self._main_key = prepared.system_key
-        norms = prepared.norms if len(prepared.norms) == len(prepared.messages) else tuple(
-            _norm(m) for m in prepared.messages)
+        norms = (
+            prepared.norms
+            if len(prepared.norms) == len(prepared.messages)
+            else tuple(_norm(m) for m in prepared.messages)
+        )
         self._recorded[prepared.segment_index] = _Recorded(
-            (*norms, _norm(assistant_message(parsed))), prepared.tools, prepared.messages)
+            (*norms, _norm(assistant_message(parsed))), prepared.tools, prepared.messages
+        )
         return record
 
     def count_tokens(self, request: ChatRequest) -> int:

@@ -85,7 +85,9 @@ IDS_CODE, MASK_CODE, LOGPROBS_CODE = "i", "b", "f"
 _NP_DTYPE = {IDS_CODE: np.dtype(np.int32), MASK_CODE: np.dtype(np.int8), LOGPROBS_CODE: np.dtype(np.float32)}
 for _code, _dtype in _NP_DTYPE.items():
     if array(_code).itemsize != _dtype.itemsize:
-        raise ImportError(f"array typecode {_code!r} is {array(_code).itemsize} bytes, need {_dtype.itemsize}")
+        raise ImportError(
+            f"array typecode {_code!r} is {array(_code).itemsize} bytes, need {_dtype.itemsize}"
+        )
 
 
 class TrajectoryError(ValueError):
@@ -124,8 +126,11 @@ def _typed(code: str, values: Iterable[Any]) -> array:
     if isinstance(values, array) and values.typecode == code:
         return values
     if isinstance(values, np.ndarray):  # bulk copy instead of one Python number per element
-        if code == IDS_CODE and values.size and (
-                values.dtype.kind not in "iu" or values.min() < -2**31 or values.max() >= 2**31):
+        if (
+            code == IDS_CODE
+            and values.size
+            and (values.dtype.kind not in "iu" or values.min() < -(2**31) or values.max() >= 2**31)
+        ):
             raise OverflowError(f"ids of dtype {values.dtype} outside int32")
         out = array(code)
         out.frombytes(np.ascontiguousarray(values, dtype=_NP_DTYPE[code]).tobytes())
@@ -289,7 +294,9 @@ class Trajectory:
         """Apply one turn (validated first; on error nothing changes). Returns the record."""
         rec = delta.record
         if len(delta.gen_ids) != len(delta.gen_logprobs):
-            raise TrajectoryError(f"{len(delta.gen_ids)} generated ids but {len(delta.gen_logprobs)} logprobs")
+            raise TrajectoryError(
+                f"{len(delta.gen_ids)} generated ids but {len(delta.gen_logprobs)} logprobs"
+            )
         # Typed copies first: an id outside int32 is rejected before anything changes. The
         # prompt is always copied (the header's array, if it is one, stays the caller's).
         try:
@@ -329,8 +336,12 @@ class Trajectory:
         seg.routed_experts = experts
         for v in (delta.policy_version, delta.policy_version_end):
             if v is not None:
-                seg.policy_version_min = v if seg.policy_version_min is None else min(seg.policy_version_min, v)
-                seg.policy_version_max = v if seg.policy_version_max is None else max(seg.policy_version_max, v)
+                seg.policy_version_min = (
+                    v if seg.policy_version_min is None else min(seg.policy_version_min, v)
+                )
+                seg.policy_version_max = (
+                    v if seg.policy_version_max is None else max(seg.policy_version_max, v)
+                )
         self.turns.append(rec)
         c = self.counters
         c.turns += 1
@@ -355,7 +366,9 @@ class Trajectory:
             return np.concatenate([old, pad])
         reported = np.asarray(reported)
         if reported.ndim != 3 or len(reported) != n_after - 1:
-            raise TrajectoryError(f"routed_experts shape {reported.shape}: expected [{n_after - 1}, layers, top_k]")
+            raise TrajectoryError(
+                f"routed_experts shape {reported.shape}: expected [{n_after - 1}, layers, top_k]"
+            )
         if old is not None and old.shape[1:] != reported.shape[1:]:
             raise TrajectoryError(f"routed_experts shape {reported.shape} does not match earlier {old.shape}")
         if reported.size and (reported.min() < 0 or reported.max() > np.iinfo(np.int16).max):
@@ -396,16 +409,29 @@ class Trajectory:
             arrays[f"s{i}.response_ids"] = np.array(seg.response_ids[r_from:], dtype=np.int32)
             arrays[f"s{i}.response_mask"] = np.array(seg.response_mask[r_from:], dtype=np.uint8)
             arrays[f"s{i}.response_logprobs"] = np.array(seg.response_logprobs[r_from:], dtype=np.float32)
-            seg_meta.append({
-                "index": i, "new": is_new, "kind": seg.kind, "rewritten": seg.rewritten,
-                "system_key": seg.system_key, "response_from": r_from, "experts_from": e_from,
-                "policy_version_min": seg.policy_version_min, "policy_version_max": seg.policy_version_max,
-                "experts_writes": [[t, row] for t, row in seg.experts_writes if t >= mark.turns],
-            })
+            seg_meta.append(
+                {
+                    "index": i,
+                    "new": is_new,
+                    "kind": seg.kind,
+                    "rewritten": seg.rewritten,
+                    "system_key": seg.system_key,
+                    "response_from": r_from,
+                    "experts_from": e_from,
+                    "policy_version_min": seg.policy_version_min,
+                    "policy_version_max": seg.policy_version_max,
+                    "experts_writes": [[t, row] for t, row in seg.experts_writes if t >= mark.turns],
+                }
+            )
         meta = {
-            "format": FORMAT_VERSION, "session_id": self.session_id, "metadata": self.metadata,
-            "counters": asdict(self.counters), "base_turns": mark.turns, "base_segments": len(mark.response_lens),
-            "turns": [asdict(t) for t in self.turns[mark.turns:]], "segments": seg_meta,
+            "format": FORMAT_VERSION,
+            "session_id": self.session_id,
+            "metadata": self.metadata,
+            "counters": asdict(self.counters),
+            "base_turns": mark.turns,
+            "base_segments": len(mark.response_lens),
+            "turns": [asdict(t) for t in self.turns[mark.turns :]],
+            "segments": seg_meta,
         }
         try:
             blob = json.dumps(meta).encode()
@@ -434,7 +460,8 @@ class Trajectory:
         if meta["base_turns"] != len(self.turns) or meta["base_segments"] != len(self.segments):
             raise CheckpointGapError(
                 f"delta continues {meta['base_turns']} turns / {meta['base_segments']} segments, "
-                f"trajectory has {len(self.turns)} / {len(self.segments)}")
+                f"trajectory has {len(self.turns)} / {len(self.segments)}"
+            )
         staged = {i: s for i, s in enumerate(self.segments)}
         try:
             for sm in meta["segments"]:
@@ -450,23 +477,37 @@ class Trajectory:
 
     @staticmethod
     def _staged_segment(
-        old: Segment | None, sm: dict[str, Any], arrays: dict[str, np.ndarray], n_staged: int,
+        old: Segment | None,
+        sm: dict[str, Any],
+        arrays: dict[str, np.ndarray],
+        n_staged: int,
     ) -> Segment:
         """Segment ``sm["index"]`` with the delta applied (a copy; ``old`` is not touched)."""
         i = sm["index"]
         if sm["new"]:
             if old is not None or i != n_staged:
                 raise CheckpointGapError(f"new segment {i} does not follow the {n_staged} known segments")
-            seg = Segment(kind=sm["kind"], rewritten=sm["rewritten"], system_key=sm["system_key"],
-                          prompt_ids=arrays[f"s{i}.prompt_ids"])
+            seg = Segment(
+                kind=sm["kind"],
+                rewritten=sm["rewritten"],
+                system_key=sm["system_key"],
+                prompt_ids=arrays[f"s{i}.prompt_ids"],
+            )
         else:
             if old is None or sm["response_from"] != len(old.response_ids):
                 raise CheckpointGapError(f"segment {i}: delta starts at response token {sm['response_from']}")
             # prompt_ids is never mutated after a segment opens, so it is shared; the rest is copied
-            seg = Segment(kind=old.kind, rewritten=old.rewritten, system_key=old.system_key,
-                          prompt_ids=old.prompt_ids, response_ids=old.response_ids[:],
-                          response_mask=old.response_mask[:], response_logprobs=old.response_logprobs[:],
-                          routed_experts=old.routed_experts, experts_writes=list(old.experts_writes))
+            seg = Segment(
+                kind=old.kind,
+                rewritten=old.rewritten,
+                system_key=old.system_key,
+                prompt_ids=old.prompt_ids,
+                response_ids=old.response_ids[:],
+                response_mask=old.response_mask[:],
+                response_logprobs=old.response_logprobs[:],
+                routed_experts=old.routed_experts,
+                experts_writes=list(old.experts_writes),
+            )
         seg.response_ids += _typed(IDS_CODE, arrays[f"s{i}.response_ids"])
         seg.response_mask += _typed(MASK_CODE, arrays[f"s{i}.response_mask"])
         seg.response_logprobs += _typed(LOGPROBS_CODE, arrays[f"s{i}.response_logprobs"])
@@ -479,7 +520,9 @@ class Trajectory:
         seg.policy_version_min = sm["policy_version_min"]
         seg.policy_version_max = sm["policy_version_max"]
         if seg.routed_experts is not None and len(seg.routed_experts) != len(seg):
-            raise TrajectoryError(f"segment {i}: {len(seg.routed_experts)} experts rows for {len(seg)} tokens")
+            raise TrajectoryError(
+                f"segment {i}: {len(seg.routed_experts)} experts rows for {len(seg)} tokens"
+            )
         return seg
 
     @classmethod

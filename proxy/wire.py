@@ -40,7 +40,9 @@ R = TypeVar("R")
 def validate(model: type[W], data: Any, path: str = "") -> W:
     """Build ``model`` from ``data`` (a decoded JSON value) found at ``path`` ("" = the body)."""
     if not isinstance(data, dict):
-        raise InvalidRequest(f"{path or 'request body'}: expected a JSON object, got {json_type(data)}", param=path or None)
+        raise InvalidRequest(
+            f"{path or 'request body'}: expected a JSON object, got {json_type(data)}", param=path or None
+        )
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -202,8 +204,9 @@ class MessageMemo:
         return result
 
 
-def convert_messages(raws: list[Any], fn: Callable[[Any, str], Converted], memo: MessageMemo | None,
-                     ignored: set[str]) -> list[dict[str, Any]]:
+def convert_messages(
+    raws: list[Any], fn: Callable[[Any, str], Converted], memo: MessageMemo | None, ignored: set[str]
+) -> list[dict[str, Any]]:
     """Every ``raws[i]`` through ``fn(raw, "messages[i]")``, via ``memo`` when there is one;
     notes go to ``ignored``."""
     out: list[dict[str, Any]] = []

@@ -35,7 +35,5 @@ async def worker(settings, client) -> AsyncIterator[worker_main.WorkerProcess]:
 def no_leaked_sandboxes(docker_client, worker) -> Iterator[None]:
     """No container of THIS worker outlives a test (other sessions share the engine)."""
     yield
-    mine = docker_client.containers.list(
-        all=True, filters={"label": f"trialflow.worker={worker.host_queue}"}
-    )
+    mine = docker_client.containers.list(all=True, filters={"label": f"trialflow.worker={worker.host_queue}"})
     assert not mine, f"sandboxes left behind: {[c.name for c in mine]}"

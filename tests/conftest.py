@@ -66,6 +66,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # client / worker / no_leaked_sandboxes for suites that define a module `settings` fixture.
 pytest_plugins = ["tests._worker_fixtures"]
 
+
 @pytest.fixture(scope="session")
 def services_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Scratch directory for the session's service state and logs."""

@@ -70,23 +70,14 @@ def test_run_status_replay_inspect(cli_env):
 
     status = _invoke(cli_env, "status", batch_id)
     assert status.exit_code == 0, status.output
-    assert (
-        good_id in status.output
-        and broken_id in status.output
-        and "COMPLETED" in status.output
-    )
+    assert good_id in status.output and broken_id in status.output and "COMPLETED" in status.output
 
     replay = _invoke(cli_env, "replay", batch_id, "--failed")
     assert replay.exit_code == 1, replay.output  # still broken
-    assert (
-        "replaying 1 failed trial" in replay.output
-        and f"{broken_id}-r1" in replay.output
-    )
+    assert "replaying 1 failed trial" in replay.output and f"{broken_id}-r1" in replay.output
 
     status = _invoke(cli_env, "status", batch_id)
-    assert (
-        f"{broken_id}-r1" in status.output
-    )  # linked to its original in the same batch
+    assert f"{broken_id}-r1" in status.output  # linked to its original in the same batch
 
     inspect = _invoke(cli_env, "inspect", good_id)
     assert inspect.exit_code == 0, inspect.output
@@ -112,9 +103,7 @@ def test_replay_numbers_compare_numerically():
 
     assert replay_number("trial-b-t-0", "trial-b-t-0") == 0
     assert (
-        replay_number("trial-b-t-0", "trial-b-t-0-r10")
-        == 10
-        > replay_number("trial-b-t-0", "trial-b-t-0-r9")
+        replay_number("trial-b-t-0", "trial-b-t-0-r10") == 10 > replay_number("trial-b-t-0", "trial-b-t-0-r9")
     )
 
 
@@ -137,9 +126,7 @@ def test_worker_flags_parse_into_settings():
         ["--replica-urls", "http://a", "--replica-urls", "http://b", "--extra-scaffolds", '{"x": "m:C"}',
          "--max-concurrent-trials", "2"]
     )  # fmt: skip
-    assert s.replica_urls == ["http://a", "http://b"] and s.extra_scaffolds == {
-        "x": "m:C"
-    }
+    assert s.replica_urls == ["http://a", "http://b"] and s.extra_scaffolds == {"x": "m:C"}
     assert s.max_concurrent_trials == 2
 
 
@@ -151,11 +138,7 @@ def test_metrics_endpoint_serves_trial_metrics():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     metrics.serve(port, addr="127.0.0.1")
-    body = (
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
-        .read()
-        .decode()
-    )
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert 'trialflow_trials_completed_total{termination="submitted"} 1.0' in body
     assert 'trialflow_phase_seconds_count{phase="verify"} 1.0' in body
     assert "trialflow_trials_running 0.0" in body

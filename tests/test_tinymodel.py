@@ -14,9 +14,20 @@ from proxy.chat import ParsedOutput, ToolCall, assistant_message
 from proxy.parsers import parse_output
 from trialflow import tinymodel
 
-TOOLS = [{"type": "function", "function": {
-    "name": "Bash", "description": "Run a shell command.",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +40,7 @@ def render(tok, messages, *, tools=None, gen=False, **kw) -> str:
 
 
 # ------------------------------------------------------------------ tokenizer
+
 
 def test_special_and_markup_tokens_are_single_ids(tok):
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
@@ -52,12 +64,19 @@ def test_encode_decode_roundtrip_on_code(tok):
 
 # ------------------------------------------------------------------ chat template
 
+
 def test_template_layout(tok):
     msgs = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": [{"type": "text", "text": "list "}, {"type": "text", "text": "files"}]},
-        {"role": "assistant", "content": "Sure.", "reasoning_content": "need ls",
-         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}]},
+        {
+            "role": "assistant",
+            "content": "Sure.",
+            "reasoning_content": "need ls",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
         {"role": "system", "content": "mid-conversation reminder"},
         {"role": "user", "content": "thanks"},
@@ -67,8 +86,10 @@ def test_template_layout(tok):
     assert s.startswith(head)
     assert json.dumps(TOOLS[0]) in s
     assert "<|im_start|>user\nlist files<|im_end|>\n" in s
-    assert ('<|im_start|>assistant\n<think>\nneed ls\n</think>\n\nSure.\n<tool_call>\n'
-            '{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>\n') in s
+    assert (
+        "<|im_start|>assistant\n<think>\nneed ls\n</think>\n\nSure.\n<tool_call>\n"
+        '{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>\n'
+    ) in s
     assert "<|im_start|>user\n<tool_response>\na.txt\n</tool_response><|im_end|>\n" in s
     assert "<|im_start|>system\nmid-conversation reminder<|im_end|>\n" in s
     assert s.endswith("<|im_start|>user\nthanks<|im_end|>\n<|im_start|>assistant\n")
@@ -84,14 +105,24 @@ def test_generation_prompt_and_thinking_switch(tok):
     base = render(tok, msgs)
     assert render(tok, msgs, gen=True) == base + "<|im_start|>assistant\n"
     assert render(tok, msgs, gen=True, enable_thinking=True) == base + "<|im_start|>assistant\n"
-    assert render(tok, msgs, gen=True, enable_thinking=False) == base + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert (
+        render(tok, msgs, gen=True, enable_thinking=False)
+        == base + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
 
 
 def test_string_arguments_are_inserted_verbatim(tok):
-    msg = {"role": "assistant", "content": "",
-           "tool_calls": [{"id": "x", "type": "function", "function": {"name": "Bash", "arguments": '{"command":"ls"}'}}]}
-    assert render(tok, [msg]) == ('<|im_start|>assistant\n<tool_call>\n{"name": "Bash", "arguments": '
-                                  '{"command":"ls"}}\n</tool_call><|im_end|>\n')
+    msg = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "Bash", "arguments": '{"command":"ls"}'}}
+        ],
+    }
+    assert render(tok, [msg]) == (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "Bash", "arguments": '
+        '{"command":"ls"}}\n</tool_call><|im_end|>\n'
+    )
 
 
 def test_unknown_role_raises(tok):
@@ -100,17 +131,31 @@ def test_unknown_role_raises(tok):
 
 
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
-_args = st.dictionaries(st.text("abcdefgh_", min_size=1, max_size=6),
-                        st.one_of(st.integers(-5, 5), _text, st.booleans(), st.none()), max_size=3)
-_call = st.builds(lambda n, a: {"id": "id", "type": "function", "function": {"name": n, "arguments": a}},
-                  st.sampled_from(["Bash", "Read", "Edit"]), _args)
+_args = st.dictionaries(
+    st.text("abcdefgh_", min_size=1, max_size=6),
+    st.one_of(st.integers(-5, 5), _text, st.booleans(), st.none()),
+    max_size=3,
+)
+_call = st.builds(
+    lambda n, a: {"id": "id", "type": "function", "function": {"name": n, "arguments": a}},
+    st.sampled_from(["Bash", "Read", "Edit"]),
+    _args,
+)
 _message = st.one_of(
     st.builds(lambda t: {"role": "system", "content": t}, _text),
     st.builds(lambda t: {"role": "user", "content": t}, _text),
     st.builds(lambda t: {"role": "tool", "tool_call_id": "id", "content": t}, _text),
-    st.builds(lambda c, r, calls: {"role": "assistant", "content": c, **({"reasoning_content": r} if r else {}),
-                                   **({"tool_calls": calls} if calls else {})},
-              _text, st.one_of(st.none(), _text), st.lists(_call, max_size=2)),
+    st.builds(
+        lambda c, r, calls: {
+            "role": "assistant",
+            "content": c,
+            **({"reasoning_content": r} if r else {}),
+            **({"tool_calls": calls} if calls else {}),
+        },
+        _text,
+        st.one_of(st.none(), _text),
+        st.lists(_call, max_size=2),
+    ),
 )
 
 
@@ -123,16 +168,23 @@ def test_template_is_prefix_stable(tok, messages, with_tools):
         assert full.startswith(render(tok, messages[:k], tools=tools))
     assert render(tok, messages, tools=tools, gen=True).startswith(full)
     assert full.count("<|im_start|>assistant\n") == full.count("<|im_end|>\n") - (
-        full.count("<|im_start|>system\n") + full.count("<|im_start|>user\n"))
+        full.count("<|im_start|>system\n") + full.count("<|im_start|>user\n")
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(content=st.text("abc xyz\n.{}", max_size=30), reasoning=st.one_of(st.none(), st.text("abc \n", max_size=20)),
-       calls=st.lists(st.tuples(st.sampled_from(["Bash", "Read"]), _args), max_size=3))
+@given(
+    content=st.text("abc xyz\n.{}", max_size=30),
+    reasoning=st.one_of(st.none(), st.text("abc \n", max_size=20)),
+    calls=st.lists(st.tuples(st.sampled_from(["Bash", "Read"]), _args), max_size=3),
+)
 def test_template_and_parsers_agree(tok, content, reasoning, calls):
     """What the template renders for an assistant turn parses back to the same message."""
-    parsed = ParsedOutput(content=content.strip(), reasoning=(reasoning or "").strip() or None,
-                          tool_calls=[ToolCall(id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)])
+    parsed = ParsedOutput(
+        content=content.strip(),
+        reasoning=(reasoning or "").strip() or None,
+        tool_calls=[ToolCall(id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)],
+    )
     s = render(tok, [assistant_message(parsed)])
     body = s.removeprefix("<|im_start|>assistant\n").removesuffix("<|im_end|>\n")
     ids = iter(f"c{i}" for i in range(len(calls)))
@@ -144,13 +196,20 @@ def test_template_and_parsers_agree(tok, content, reasoning, calls):
 
 # ------------------------------------------------------------------ model + builder
 
+
 def test_model_config_and_forward(tiny_model_dir: Path, tok):
     import torch
     from transformers import AutoConfig, Qwen3ForCausalLM
 
     cfg = AutoConfig.from_pretrained(tiny_model_dir)
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.head_dim, cfg.max_position_embeddings) == (128, 2, 2, 1, 64, 32768)
+    assert (
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.max_position_embeddings,
+    ) == (128, 2, 2, 1, 64, 32768)
     assert cfg.vocab_size % 64 == 0 and cfg.vocab_size >= len(tok)
     assert cfg.eos_token_id == tok.eos_token_id and cfg.pad_token_id == tok.pad_token_id
     model = Qwen3ForCausalLM.from_pretrained(tiny_model_dir)

@@ -70,9 +70,7 @@ class SlowChatScaffold(Scaffold):
                     "max_tokens": 8,
                     "temperature": 1.0,
                 }
-                async with http.post(
-                    f"{ctx.openai_base_url}/chat/completions", json=body
-                ) as resp:
+                async with http.post(f"{ctx.openai_base_url}/chat/completions", json=body) as resp:
                     if resp.status != 200:
                         text = await resp.text()
                         return ScaffoldResult(
@@ -91,9 +89,7 @@ class SlowChatScaffold(Scaffold):
                 )
                 messages.append({"role": "user", "content": f"go on ({i})"})
                 await asyncio.sleep(TURN_PAUSE_S)
-        return ScaffoldResult(
-            0, False, f"{TURNS} turns", "", time.monotonic() - started
-        )
+        return ScaffoldResult(0, False, f"{TURNS} turns", "", time.monotonic() - started)
 
 
 class SlowSolveScaffold(Scaffold):
@@ -105,9 +101,7 @@ class SlowSolveScaffold(Scaffold):
     async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
         cmd = f"sleep {SLOW_SOLVE_S}; printf 'Hello, trialflow!\\n' > /app/hello.txt"
         res = await ctx.sandbox.exec(cmd, timeout_s=60)
-        return ScaffoldResult(
-            res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s
-        )
+        return ScaffoldResult(res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s)
 
 
 def _start_worker(env: dict[str, str], worker_id: str, log: Path) -> subprocess.Popen:
@@ -145,9 +139,7 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
         "replica_urls": json.dumps([vllm_url]),
         "model_dir": str(tiny_model_dir),
         "model_name": vllm_model_name,
-        "extra_scaffolds": json.dumps(
-            {"test-slow-chat": f"{__name__}:SlowChatScaffold"}
-        ),
+        "extra_scaffolds": json.dumps({"test-slow-chat": f"{__name__}:SlowChatScaffold"}),
         "drain_grace_s": "10",
     }
     env = {
@@ -155,10 +147,7 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
         **{f"TRIALFLOW_{k.upper()}": str(v) for k, v in fields.items()},
     }
     settings = load_settings(
-        **{
-            k: json.loads(v) if k in ("replica_urls", "extra_scaffolds") else v
-            for k, v in fields.items()
-        }
+        **{k: json.loads(v) if k in ("replica_urls", "extra_scaffolds") else v for k, v in fields.items()}
     )
     store = worker_main.open_store(settings)
     client = await batch.connect(temporal_address)
@@ -181,17 +170,11 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the worker never answered"
             try:  # the worker may still be starting: nobody answers queries yet
-                progress = await handle.query(
-                    TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5)
-                )
+                progress = await handle.query(TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5))
             except RPCError:
                 continue
             checkpoints = store.list_keys(keys1.checkpoints + "/")
-            if (
-                progress.phase == "scaffold"
-                and progress.turns >= 3
-                and len(checkpoints) >= 3
-            ):
+            if progress.phase == "scaffold" and progress.turns >= 3 and len(checkpoints) >= 3:
                 break
             assert time.monotonic() < deadline, f"no progress: {progress}"
             await asyncio.sleep(0.3)
@@ -234,15 +217,11 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
             first_queue,
             host_queue(socket.gethostname(), f"second-{suffix}"),
         ):
-            left = docker_client.containers.list(
-                all=True, filters={"label": f"trialflow.worker={queue}"}
-            )
+            left = docker_client.containers.list(all=True, filters={"label": f"trialflow.worker={queue}"})
             assert not left, [c.name for c in left]
 
         second.send_signal(signal.SIGTERM)
-        assert second.wait(timeout=60) == 0, (tmp_path / "second.log").read_text()[
-            -3000:
-        ]
+        assert second.wait(timeout=60) == 0, (tmp_path / "second.log").read_text()[-3000:]
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
@@ -268,9 +247,7 @@ async def test_sigterm_drains_running_trials_before_exit(
         "TRIALFLOW_S3_PREFIX": f"drain-{suffix}",
         "TRIALFLOW_S3_ACCESS_KEY": "trialflow",
         "TRIALFLOW_S3_SECRET_KEY": "trialflow",
-        "TRIALFLOW_EXTRA_SCAFFOLDS": json.dumps(
-            {"test-slow-solve": f"{__name__}:SlowSolveScaffold"}
-        ),
+        "TRIALFLOW_EXTRA_SCAFFOLDS": json.dumps({"test-slow-solve": f"{__name__}:SlowSolveScaffold"}),
         "TRIALFLOW_DRAIN_GRACE_S": "120",
     }
     client = await batch.connect(temporal_address)
@@ -281,9 +258,7 @@ async def test_sigterm_drains_running_trials_before_exit(
         deadline = time.monotonic() + 180
         while True:
             try:
-                progress = await handle.query(
-                    TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5)
-                )
+                progress = await handle.query(TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5))
             except RPCError:
                 progress = None
             if progress is not None and progress.phase == "scaffold":

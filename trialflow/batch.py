@@ -55,9 +55,7 @@ ResultCallback = Callable[[TrialResult], Awaitable[None] | None]
 
 async def connect(address: str, namespace: str = "default") -> Client:
     """A client with the pydantic data converter (TrialSpec/TrialResult are pydantic)."""
-    return await Client.connect(
-        address, namespace=namespace, data_converter=pydantic_data_converter
-    )
+    return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
 
 
 def make_specs(
@@ -97,15 +95,11 @@ def search_attributes(spec: TrialSpec) -> TypedSearchAttributes:
         SearchAttributePair(SearchAttributeKey.for_keyword(SA_SCAFFOLD), spec.scaffold),
     ]
     if spec.step is not None:
-        pairs.append(
-            SearchAttributePair(SearchAttributeKey.for_int(SA_STEP), spec.step)
-        )
+        pairs.append(SearchAttributePair(SearchAttributeKey.for_int(SA_STEP), spec.step))
     return TypedSearchAttributes(pairs)
 
 
-async def submit_one(
-    client: Client, spec: TrialSpec, task_queue: str = SHARED_QUEUE
-) -> WorkflowHandle:
+async def submit_one(client: Client, spec: TrialSpec, task_queue: str = SHARED_QUEUE) -> WorkflowHandle:
     """Start the trial, or attach to the run that already has its id."""
     try:
         return await client.start_workflow(
@@ -154,9 +148,7 @@ def _failed_result(spec: TrialSpec, err: BaseException) -> TrialResult:
         scaffold=spec.scaffold,
         sample_index=spec.sample_index,
         termination_reason="cancelled" if cancelled else "infra_error",
-        error=TrialError(
-            type=type(cause).__name__, message=str(cause), phase="pending"
-        ),
+        error=TrialError(type=type(cause).__name__, message=str(cause), phase="pending"),
     )
 
 
@@ -274,7 +266,5 @@ def replay_number(original_id: str, workflow_id: str) -> int:
 async def _failed(client: Client, trial: TrialStatus) -> bool:
     if trial.status != WorkflowExecutionStatus.COMPLETED.name:
         return True
-    result = await client.get_workflow_handle(
-        trial.workflow_id, result_type=TrialResult
-    ).result()
+    result = await client.get_workflow_handle(trial.workflow_id, result_type=TrialResult).result()
     return result.failed

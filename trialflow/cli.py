@@ -32,27 +32,17 @@ from trialflow import batch
 from trialflow.settings import TrialflowSettings, load_settings
 from workflows.shared import TrialResult, TrialSpec
 
-app = typer.Typer(
-    help="Durable, token-exact agent rollouts on Temporal.", no_args_is_help=True
-)
+app = typer.Typer(help="Durable, token-exact agent rollouts on Temporal.", no_args_is_help=True)
 console = Console()
 
-TemporalOpt = Annotated[
-    str | None, typer.Option("--temporal-address", help="host:port")
-]
+TemporalOpt = Annotated[str | None, typer.Option("--temporal-address", help="host:port")]
 S3Opt = Annotated[
     str | None,
     typer.Option("--s3-endpoint", help="S3 endpoint URL (else a local store)"),
 ]
-StoreDirOpt = Annotated[
-    Path | None, typer.Option("--store-dir", help="local store directory")
-]
-ReplicaOpt = Annotated[
-    list[str] | None, typer.Option("--replica", help="vLLM replica URL (repeatable)")
-]
-ModelDirOpt = Annotated[
-    Path | None, typer.Option("--model-dir", help="tokenizer + chat template dir")
-]
+StoreDirOpt = Annotated[Path | None, typer.Option("--store-dir", help="local store directory")]
+ReplicaOpt = Annotated[list[str] | None, typer.Option("--replica", help="vLLM replica URL (repeatable)")]
+ModelDirOpt = Annotated[Path | None, typer.Option("--model-dir", help="tokenizer + chat template dir")]
 
 
 def _settings(**flags) -> TrialflowSettings:
@@ -70,9 +60,7 @@ def _settings(**flags) -> TrialflowSettings:
 
 
 @contextlib.asynccontextmanager
-async def in_process_worker(
-    settings: TrialflowSettings, client, enabled: bool
-) -> AsyncIterator[None]:
+async def in_process_worker(settings: TrialflowSettings, client, enabled: bool) -> AsyncIterator[None]:
     """Run a worker (worker_main) in this process for the duration of the block."""
     if not enabled:
         yield
@@ -103,9 +91,7 @@ async def run_specs(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn(
-                "errors {task.fields[errors]}  mean reward {task.fields[mean]:.3f}"
-            ),
+            TextColumn("errors {task.fields[errors]}  mean reward {task.fields[mean]:.3f}"),
             TimeElapsedColumn(),
         )
         with Progress(*columns, console=console) as progress:
@@ -121,9 +107,7 @@ async def run_specs(
                     mean=sum(r.reward for r in done) / len(done),
                 )
 
-            return await batch.run(
-                client, specs, on_result=on_result, task_queue=settings.task_queue
-            )
+            return await batch.run(client, specs, on_result=on_result, task_queue=settings.task_queue)
 
 
 def results_table(results: Sequence[TrialResult], title: str = "trials") -> Table:
@@ -157,31 +141,19 @@ def results_table(results: Sequence[TrialResult], title: str = "trials") -> Tabl
 def _ensure_search_attributes(settings: TrialflowSettings) -> None:
     from infra.services import ensure_search_attributes
 
-    ensure_search_attributes(
-        settings.temporal_address, namespace=settings.temporal_namespace
-    )
+    ensure_search_attributes(settings.temporal_address, namespace=settings.temporal_namespace)
 
 
 @app.command()
 def run(
     task_dirs: Annotated[list[Path], typer.Argument(help="Harbor task directories")],
-    scaffold: Annotated[
-        str, typer.Option(help="oracle, nop, claude-code, opencode, terminus")
-    ] = "oracle",
+    scaffold: Annotated[str, typer.Option(help="oracle, nop, claude-code, opencode, terminus")] = "oracle",
     attempts: Annotated[int, typer.Option(help="trials (samples) per task")] = 1,
     backend: Annotated[str, typer.Option(help="sandbox backend")] = "docker",
-    batch_id: Annotated[
-        str | None, typer.Option(help="reuse to attach to an earlier batch")
-    ] = None,
-    max_restarts: Annotated[
-        int, typer.Option(help="new-sandbox attempts per trial")
-    ] = 3,
-    agent_timeout: Annotated[
-        float | None, typer.Option(help="seconds; default: the task's")
-    ] = None,
-    external_worker: Annotated[
-        bool, typer.Option(help="do not start an in-process worker")
-    ] = False,
+    batch_id: Annotated[str | None, typer.Option(help="reuse to attach to an earlier batch")] = None,
+    max_restarts: Annotated[int, typer.Option(help="new-sandbox attempts per trial")] = 3,
+    agent_timeout: Annotated[float | None, typer.Option(help="seconds; default: the task's")] = None,
+    external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
     temporal: TemporalOpt = None,
     s3: S3Opt = None,
     store_dir: StoreDirOpt = None,
@@ -190,9 +162,7 @@ def run(
 ) -> None:
     """Run every task ATTEMPTS times with SCAFFOLD, as one batch of Temporal workflows."""
     if backend != "docker":
-        raise typer.BadParameter(
-            "only the docker backend exists", param_hint="--backend"
-        )
+        raise typer.BadParameter("only the docker backend exists", param_hint="--backend")
     settings = _settings(
         temporal=temporal,
         s3=s3,
@@ -212,9 +182,7 @@ def run(
     )
     _ensure_search_attributes(settings)
     console.print(f"batch [bold]{batch_id}[/]: {len(specs)} trials")
-    results = asyncio.run(
-        run_specs(settings, specs, external_worker=external_worker, title=scaffold)
-    )
+    results = asyncio.run(run_specs(settings, specs, external_worker=external_worker, title=scaffold))
     console.print(results_table(results, title=f"batch {batch_id}"))
     raise typer.Exit(1 if any(r.failed for r in results) else 0)
 
@@ -225,9 +193,7 @@ def status(batch_id: str, temporal: TemporalOpt = None) -> None:
     settings = _settings(temporal=temporal)
 
     async def go() -> list[batch.TrialStatus]:
-        client = await batch.connect(
-            settings.temporal_address, settings.temporal_namespace
-        )
+        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
         return await batch.list_trials(client, batch_id)
 
     trials = asyncio.run(go())
@@ -250,12 +216,8 @@ def status(batch_id: str, temporal: TemporalOpt = None) -> None:
 @app.command()
 def replay(
     batch_id: str,
-    failed: Annotated[
-        bool, typer.Option("--failed", help="re-run the failed trials")
-    ] = False,
-    external_worker: Annotated[
-        bool, typer.Option(help="do not start an in-process worker")
-    ] = False,
+    failed: Annotated[bool, typer.Option("--failed", help="re-run the failed trials")] = False,
+    external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
     temporal: TemporalOpt = None,
     s3: S3Opt = None,
     store_dir: StoreDirOpt = None,
@@ -274,16 +236,12 @@ def replay(
     )
 
     async def go() -> list[TrialResult]:
-        client = await batch.connect(
-            settings.temporal_address, settings.temporal_namespace
-        )
+        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
         specs = await batch.replay_failed(client, batch_id)
         console.print(f"replaying {len(specs)} failed trial(s) of batch {batch_id}")
         if not specs:
             return []
-        return await run_specs(
-            settings, specs, external_worker=external_worker, title="replay"
-        )
+        return await run_specs(settings, specs, external_worker=external_worker, title="replay")
 
     results = asyncio.run(go())
     if results:
@@ -312,9 +270,7 @@ def load_attempt_trajectory(store, batch_id: str, trial_id: str, attempt: int):
 
 def _trial_batch(settings: TrialflowSettings, trial_id: str) -> str:
     async def go() -> str:
-        client = await batch.connect(
-            settings.temporal_address, settings.temporal_namespace
-        )
+        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
         return (await batch.spec_of(client, trial_id)).batch_id
 
     return asyncio.run(go())
@@ -339,9 +295,7 @@ def inspect(
     settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir)
     batch_id = batch_id or _trial_batch(settings, trial_id)
     store = worker_main.open_store(settings)
-    result = TrialResult.model_validate_json(
-        store.get_bytes(trial_result_key(batch_id, trial_id))
-    )
+    result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(batch_id, trial_id)))
     console.print(result_view(result))
     for attempt in range(1, result.attempts + 1):
         traj, source = load_attempt_trajectory(store, batch_id, trial_id, attempt)
@@ -354,9 +308,7 @@ def inspect(
 @app.command()
 def report(
     batch_id: str,
-    out: Annotated[Path, typer.Option(help="HTML file to write")] = Path(
-        "report.html"
-    ),
+    out: Annotated[Path, typer.Option(help="HTML file to write")] = Path("report.html"),
     s3: S3Opt = None,
     store_dir: StoreDirOpt = None,
 ) -> None:
@@ -415,9 +367,7 @@ def proxy(
     from proxy import eventloop
     from proxy.server import ProxyServer
 
-    server = ProxyServer(
-        model_dir=model_dir, host=host, port=port, replicas=replicas or ()
-    )
+    server = ProxyServer(model_dir=model_dir, host=host, port=port, replicas=replicas or ())
     console.print(f"proxy on http://{host}:{port}  (POST /sessions to open a session)")
     with contextlib.suppress(KeyboardInterrupt):
         eventloop.run(server.serve())
@@ -427,9 +377,7 @@ def _start_infra(replicas: Sequence[str]):
     from infra.services import EmbeddedInfra
 
     infra = EmbeddedInfra(vllm_urls=replicas)
-    with console.status(
-        "starting Temporal, SeaweedFS, Docker" + ("" if replicas else ", vLLM-CPU")
-    ):
+    with console.status("starting Temporal, SeaweedFS, Docker" + ("" if replicas else ", vLLM-CPU")):
         infra.start()
     ui = f"http://127.0.0.1:{infra.ports.temporal_ui}"
     console.print(f"Temporal  {infra.temporal_address}   UI {ui}")
@@ -460,12 +408,8 @@ DEMO_SAMPLING = {"max_tokens": 256}
 
 @app.command()
 def demo(
-    tasks_dir: Annotated[Path, typer.Option(help="directory of Harbor tasks")] = Path(
-        "examples/tasks"
-    ),
-    agent: Annotated[
-        str, typer.Option(help="model-driven scaffold for the second round")
-    ] = "claude-code",
+    tasks_dir: Annotated[Path, typer.Option(help="directory of Harbor tasks")] = Path("examples/tasks"),
+    agent: Annotated[str, typer.Option(help="model-driven scaffold for the second round")] = "claude-code",
     keep_up: Annotated[
         bool, typer.Option(help="keep the services (and the Temporal UI) up until Ctrl-C")
     ] = False,
@@ -500,17 +444,11 @@ def demo(
                 attempt_limit=2,
                 sampling=DEMO_SAMPLING,
             )
-            results = asyncio.run(
-                run_specs(settings, specs, external_worker=False, title=scaffold)
-            )
-            console.print(
-                results_table(results, title=f"{scaffold} (batch {batch_id})")
-            )
+            results = asyncio.run(run_specs(settings, specs, external_worker=False, title=scaffold))
+            console.print(results_table(results, title=f"{scaffold} (batch {batch_id})"))
             # The random model's agent may crash (e.g. Claude Code gives up on replies cut
             # at the token cap): that is the agent's outcome, not a failure of the demo.
-            failed |= any(
-                r.failed and r.termination_reason != "scaffold_error" for r in results
-            )
+            failed |= any(r.failed and r.termination_reason != "scaffold_error" for r in results)
         searches = " or ".join(f'TrialBatchId = "{b}"' for b in batch_ids)
         console.print(f"Temporal UI: {ui}   (search: {searches})")
         if keep_up:

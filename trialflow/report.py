@@ -37,11 +37,18 @@ def _e(value: object) -> str:
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[object]], numeric: set[int] = frozenset()) -> str:
     body = "".join(
-        "<tr>" + "".join(f'<td class="num">{_e(c)}</td>' if i in numeric else f"<td>{_e(c)}</td>"
-                         for i, c in enumerate(r)) + "</tr>"
+        "<tr>"
+        + "".join(
+            f'<td class="num">{_e(c)}</td>' if i in numeric else f"<td>{_e(c)}</td>" for i, c in enumerate(r)
+        )
+        + "</tr>"
         for r in rows
     )
-    return "<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + f"</tr>{body or _empty_row(len(head))}</table>"
+    return (
+        "<table><tr>"
+        + "".join(f"<th>{_e(h)}</th>" for h in head)
+        + f"</tr>{body or _empty_row(len(head))}</table>"
+    )
 
 
 def _empty_row(cols: int) -> str:
@@ -56,21 +63,29 @@ def _quartiles(values: Sequence[float]) -> tuple[float, float, float, float, flo
     return v[0], q1, med, q3, v[-1]
 
 
-def reward_histogram_svg(rewards: Sequence[float], bins: int = 10, width: int = 420, height: int = 140) -> str:
+def reward_histogram_svg(
+    rewards: Sequence[float], bins: int = 10, width: int = 420, height: int = 140
+) -> str:
     """Bar chart of rewards over [0, 1]; bar labels are counts."""
     counts = [0] * bins
     for r in rewards:
         counts[min(bins - 1, max(0, int(r * bins)))] += 1
     top = max(counts) or 1
     bw, plot_h = width / bins, height - 30
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="reward histogram">']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="reward histogram">'
+    ]
     for i, c in enumerate(counts):
         h = plot_h * c / top
         x = i * bw
-        parts.append(f'<rect x="{x + 2:.1f}" y="{plot_h - h + 10:.1f}" width="{bw - 4:.1f}" height="{h:.1f}" fill="#4a7"/>')
+        parts.append(
+            f'<rect x="{x + 2:.1f}" y="{plot_h - h + 10:.1f}" width="{bw - 4:.1f}" height="{h:.1f}" fill="#4a7"/>'
+        )
         if c:
-            parts.append(f'<text x="{x + bw / 2:.1f}" y="{plot_h - h + 6:.1f}" font-size="10" text-anchor="middle">{c}</text>')
+            parts.append(
+                f'<text x="{x + bw / 2:.1f}" y="{plot_h - h + 6:.1f}" font-size="10" text-anchor="middle">{c}</text>'
+            )
     parts.append(f'<text x="0" y="{height - 4}" font-size="10">0</text>')
     parts.append(f'<text x="{width}" y="{height - 4}" font-size="10" text-anchor="end">1</text>')
     parts.append("</svg>")
@@ -84,16 +99,22 @@ def phase_boxplot_svg(timings: dict[str, list[float]], width: int = 420) -> str:
     height = row_h * max(1, len(phases)) + 24
     top = max((max(timings[p]) for p in phases), default=1.0) or 1.0
     sx = lambda s: left + (width - left - 10) * s / top  # noqa: E731
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="phase times">']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        f'aria-label="phase times">'
+    ]
     for i, p in enumerate(phases):
         lo, q1, med, q3, hi = _quartiles(timings[p])
         y = i * row_h + 6
         parts.append(f'<text x="0" y="{y + 12}" font-size="11">{_e(p)}</text>')
         parts.append(f'<line x1="{sx(lo):.1f}" x2="{sx(hi):.1f}" y1="{y + 8}" y2="{y + 8}" stroke="#555"/>')
-        parts.append(f'<rect x="{sx(q1):.1f}" y="{y}" width="{max(1.0, sx(q3) - sx(q1)):.1f}" height="16" '
-                     f'fill="#9bd" stroke="#555"/>')
-        parts.append(f'<line x1="{sx(med):.1f}" x2="{sx(med):.1f}" y1="{y}" y2="{y + 16}" stroke="#000" stroke-width="2"/>')
+        parts.append(
+            f'<rect x="{sx(q1):.1f}" y="{y}" width="{max(1.0, sx(q3) - sx(q1)):.1f}" height="16" '
+            f'fill="#9bd" stroke="#555"/>'
+        )
+        parts.append(
+            f'<line x1="{sx(med):.1f}" x2="{sx(med):.1f}" y1="{y}" y2="{y + 16}" stroke="#000" stroke-width="2"/>'
+        )
     axis_y = height - 6
     parts.append(f'<text x="{left}" y="{axis_y}" font-size="10">0 s</text>')
     parts.append(f'<text x="{width - 10}" y="{axis_y}" font-size="10" text-anchor="end">{top:.1f} s</text>')
@@ -101,7 +122,9 @@ def phase_boxplot_svg(timings: dict[str, list[float]], width: int = 420) -> str:
     return "".join(parts)
 
 
-def render_report(results: Sequence[TrialResult], title: str = "trialflow batch", cancelled: Iterable[str] = ()) -> str:
+def render_report(
+    results: Sequence[TrialResult], title: str = "trialflow batch", cancelled: Iterable[str] = ()
+) -> str:
     """The whole report as one HTML string. ``cancelled``: trial ids a straggler policy cut."""
     cut = set(cancelled)
     valid = [r for r in results if r.reward_valid]
@@ -121,7 +144,9 @@ def render_report(results: Sequence[TrialResult], title: str = "trialflow batch"
     for p, vals in timings.items():
         if vals:
             lo, q1, med, q3, hi = _quartiles(vals)
-            phase_rows.append((p, len(vals), f"{lo:.2f}", f"{q1:.2f}", f"{med:.2f}", f"{q3:.2f}", f"{hi:.2f}"))
+            phase_rows.append(
+                (p, len(vals), f"{lo:.2f}", f"{q1:.2f}", f"{med:.2f}", f"{q3:.2f}", f"{hi:.2f}")
+            )
     terminations = Counter(r.termination_reason for r in results)
     errors: dict[str, list[TrialResult]] = defaultdict(list)
     for r in results:
@@ -136,36 +161,68 @@ def render_report(results: Sequence[TrialResult], title: str = "trialflow batch"
         vr = [r.reward for r in rs if r.reward_valid]
         task_rows.append((task, len(rs), len(vr), f"{statistics.fmean(vr):.3f}" if vr else "-"))
     trial_rows = [
-        (r.trial_id, r.task_name, r.scaffold, r.termination_reason + (" (cut)" if r.trial_id in cut else ""),
-         f"{r.reward:.3f}" if r.reward_valid else "invalid", r.turns, r.prompt_tokens, r.response_tokens,
-         f"{sum(r.timings.values()):.1f}", f"{r.error.type}: {r.error.message}" if r.error else (r.reward_error or ""))
+        (
+            r.trial_id,
+            r.task_name,
+            r.scaffold,
+            r.termination_reason + (" (cut)" if r.trial_id in cut else ""),
+            f"{r.reward:.3f}" if r.reward_valid else "invalid",
+            r.turns,
+            r.prompt_tokens,
+            r.response_tokens,
+            f"{sum(r.timings.values()):.1f}",
+            f"{r.error.type}: {r.error.message}" if r.error else (r.reward_error or ""),
+        )
         for r in sorted(results, key=lambda r: (r.task_name, r.sample_index, r.trial_id))
     ]
     body = [
         f"<h1>{_e(title)}</h1>",
         _table(("", "value"), summary, numeric={1}),
-        "<h2>Rewards</h2>", reward_histogram_svg(rewards) if rewards else "<p>no valid rewards</p>",
+        "<h2>Rewards</h2>",
+        reward_histogram_svg(rewards) if rewards else "<p>no valid rewards</p>",
         "<h2>Phase times (seconds)</h2>",
         phase_boxplot_svg(timings) if phase_rows else "",
         _table(("phase", "n", "min", "p25", "median", "p75", "max"), phase_rows, numeric={1, 2, 3, 4, 5, 6}),
         "<h2>Failure reasons</h2>",
         _table(("termination", "trials"), sorted(terminations.items()), numeric={1}),
-        _table(("error", "trials", "example trial", "message"),
-               [(k, len(v), v[0].trial_id, v[0].error.message[:300]) for k, v in sorted(errors.items())],
-               numeric={1}),
+        _table(
+            ("error", "trials", "example trial", "message"),
+            [(k, len(v), v[0].trial_id, v[0].error.message[:300]) for k, v in sorted(errors.items())],
+            numeric={1},
+        ),
         _table(("reward error", "trials"), sorted(reward_errors.items()), numeric={1}),
         "<h2>Tasks</h2>",
         _table(("task", "trials", "valid", "mean reward"), task_rows, numeric={1, 2, 3}),
         "<h2>Trials</h2>",
-        _table(("trial", "task", "scaffold", "termination", "reward", "turns", "prompt tok", "response tok",
-                "time s", "error"), trial_rows, numeric={4, 5, 6, 7, 8}),
+        _table(
+            (
+                "trial",
+                "task",
+                "scaffold",
+                "termination",
+                "reward",
+                "turns",
+                "prompt tok",
+                "response tok",
+                "time s",
+                "error",
+            ),
+            trial_rows,
+            numeric={4, 5, 6, 7, 8},
+        ),
     ]
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
-            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
+    )
 
 
-def write_report(path: str | Path, results: Sequence[TrialResult], title: str = "trialflow batch",
-                 cancelled: Iterable[str] = ()) -> Path:
+def write_report(
+    path: str | Path,
+    results: Sequence[TrialResult],
+    title: str = "trialflow batch",
+    cancelled: Iterable[str] = (),
+) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_report(results, title, cancelled), encoding="utf-8")

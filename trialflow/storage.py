@@ -167,20 +167,36 @@ class S3Store(ResultStore):
     `access_key`/`secret_key` can be given explicitly for it.
     """
 
-    def __init__(self, endpoint_url: str | None, bucket: str, prefix: str = "", *,
-                 region: str = "us-east-1", access_key: str | None = None, secret_key: str | None = None,
-                 create_bucket: bool = False, connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        endpoint_url: str | None,
+        bucket: str,
+        prefix: str = "",
+        *,
+        region: str = "us-east-1",
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        create_bucket: bool = False,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 60.0,
+    ) -> None:
         import boto3
         from botocore.config import Config
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self._client = boto3.client(
-            "s3", endpoint_url=endpoint_url, region_name=region,
-            aws_access_key_id=access_key, aws_secret_access_key=secret_key,
-            config=Config(retries={"max_attempts": 1, "mode": "standard"},
-                          connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
-                          s3={"addressing_style": "path"}),
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            config=Config(
+                retries={"max_attempts": 1, "mode": "standard"},
+                connect_timeout=connect_timeout_s,
+                read_timeout=read_timeout_s,
+                s3={"addressing_style": "path"},
+            ),
         )
         if create_bucket:
             self._ensure_bucket()
@@ -191,7 +207,9 @@ class S3Store(ResultStore):
         try:
             self._client.head_bucket(Bucket=self.bucket)
         except ClientError:
-            self._guard(lambda: self._client.create_bucket(Bucket=self.bucket), f"create bucket {self.bucket}")
+            self._guard(
+                lambda: self._client.create_bucket(Bucket=self.bucket), f"create bucket {self.bucket}"
+            )
 
     def _full(self, key: str) -> str:
         validate_key(key)
@@ -208,7 +226,7 @@ class S3Store(ResultStore):
         head = f"{self.prefix}/" if self.prefix else ""
         if parsed.netloc != self.bucket or not full.startswith(head):
             raise ValueError(f"{uri_or_key} is outside this store (s3://{self.bucket}/{head})")
-        return full[len(head):]
+        return full[len(head) :]
 
     def _guard(self, fn, what: str):  # type: ignore[no-untyped-def]
         from botocore.exceptions import BotoCoreError, ClientError
@@ -225,8 +243,12 @@ class S3Store(ResultStore):
 
     def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         full = self._full(key)
-        self._guard(lambda: self._client.put_object(Bucket=self.bucket, Key=full, Body=data,
-                                                    ContentType=content_type), f"put {full}")
+        self._guard(
+            lambda: self._client.put_object(
+                Bucket=self.bucket, Key=full, Body=data, ContentType=content_type
+            ),
+            f"put {full}",
+        )
         return f"s3://{self.bucket}/{full}"
 
     def get_bytes(self, uri_or_key: str) -> bytes:
@@ -243,7 +265,7 @@ class S3Store(ResultStore):
             if token:
                 kwargs["ContinuationToken"] = token
             page = self._guard(lambda kw=kwargs: self._client.list_objects_v2(**kw), f"list {head + prefix}")
-            keys.extend(obj["Key"][len(head):] for obj in page.get("Contents", []))
+            keys.extend(obj["Key"][len(head) :] for obj in page.get("Contents", []))
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return sorted(keys)

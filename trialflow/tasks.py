@@ -202,16 +202,16 @@ class Task(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    name: str                     # directory name (what workflow ids use)
+    name: str  # directory name (what workflow ids use)
     path: Path
     config: TaskConfig
     instruction: str
     environment_dir: Path
-    dockerfile: Path | None       # None only when [environment].docker_image is used
+    dockerfile: Path | None  # None only when [environment].docker_image is used
     tests_dir: Path
-    solution_dir: Path | None     # None when the task ships no solution/solve.sh
-    env_hash: str                 # sha256 hex of environment/
-    content_hash: str             # sha256 hex of the whole task dir
+    solution_dir: Path | None  # None when the task ships no solution/solve.sh
+    env_hash: str  # sha256 hex of environment/
+    content_hash: str  # sha256 hex of the whole task dir
     unknown_keys: tuple[str, ...] = ()
 
     @property
@@ -236,7 +236,9 @@ def hash_tree(root: Path, only: list[str] | None = None) -> str:
     h = hashlib.sha256()
     entries = [root / o for o in only] if only is not None else [root]
     for entry in entries:
-        files = [entry] if entry.is_file() or entry.is_symlink() else _iter_files(entry) if entry.is_dir() else []
+        files = (
+            [entry] if entry.is_file() or entry.is_symlink() else _iter_files(entry) if entry.is_dir() else []
+        )
         for f in files:
             rel = f.relative_to(root).as_posix()
             h.update(rel.encode() + b"\0")
@@ -261,7 +263,9 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         raise TaskInvalid(tdir, ".", None, "task directory does not exist")
     for compose in COMPOSE_FILES:
         if (root / compose).exists():
-            raise UnsupportedEnvironment(f"{tdir}: docker-compose environments are not supported yet ({compose})")
+            raise UnsupportedEnvironment(
+                f"{tdir}: docker-compose environments are not supported yet ({compose})"
+            )
 
     toml_path = root / TASK_TOML
     if not toml_path.is_file():
@@ -291,7 +295,9 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     dockerfile: Path | None = root / DOCKERFILE
     if not dockerfile.is_file():
         if config.environment.docker_image is None:
-            raise TaskInvalid(tdir, DOCKERFILE, None, "file is missing and [environment].docker_image is not set")
+            raise TaskInvalid(
+                tdir, DOCKERFILE, None, "file is missing and [environment].docker_image is not set"
+            )
         dockerfile = None
     if not (root / TEST_SCRIPT).is_file():
         raise TaskInvalid(tdir, TEST_SCRIPT, None, "file is missing")

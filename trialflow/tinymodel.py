@@ -68,7 +68,12 @@ PAD_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
 # Markup tokens: single ids, but NOT special, so decoded text keeps them for the parsers.
 MARKUP_TOKENS = (
-    "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
 )
 VOCAB_SIZE = 3072  # BPE target, including the tokens above
 TINY_MOE_LAYERS = 2
@@ -152,21 +157,41 @@ _IDENTS = (  # noqa: SIM905
     "parser parse_output trajectory turn count offset buf line text error exc i j k n x y"
 ).split()
 _SHELL = (
-    "ls -la", "cd /app && make test", "cat README.md", "grep -rn TODO src/", "python -m pytest -q",
-    "git status", "git diff --stat", "pip install -e .", "echo $HOME", "mkdir -p build/out",
-    "find . -name '*.py' | head", "sed -n 1,40p main.py", "tail -f /var/log/syslog",
-    "curl -s http://localhost:8000/health", "rm -rf /tmp/cache", "chmod +x run.sh && ./run.sh",
-    "export PATH=$PATH:/usr/local/bin", "wc -l *.txt", "npm install && npm run build",
-    "docker ps -a", "cp config.yaml config.yaml.bak", "apt-get update && apt-get install -y curl",
+    "ls -la",
+    "cd /app && make test",
+    "cat README.md",
+    "grep -rn TODO src/",
+    "python -m pytest -q",
+    "git status",
+    "git diff --stat",
+    "pip install -e .",
+    "echo $HOME",
+    "mkdir -p build/out",
+    "find . -name '*.py' | head",
+    "sed -n 1,40p main.py",
+    "tail -f /var/log/syslog",
+    "curl -s http://localhost:8000/health",
+    "rm -rf /tmp/cache",
+    "chmod +x run.sh && ./run.sh",
+    "export PATH=$PATH:/usr/local/bin",
+    "wc -l *.txt",
+    "npm install && npm run build",
+    "docker ps -a",
+    "cp config.yaml config.yaml.bak",
+    "apt-get update && apt-get install -y curl",
 )
 _PY = (
-    ("def {a}({b}, {c}=None):\n    \"\"\"Return the {w} of {b}.\"\"\"\n    if {c} is None:\n        {c} = []\n"
-     "    for {d} in {b}:\n        {c}.append({d})\n    return {c}\n"),
-    ("class {A}:\n    def __init__(self, {b}: int = {n}) -> None:\n        self.{b} = {b}\n\n"
-     "    def __repr__(self) -> str:\n        return f\"{A}({{self.{b}!r}})\"\n"),
-    "import os\nimport sys\nfrom pathlib import Path\n\n{a} = Path(os.environ.get(\"{B}\", \"/tmp\"))\n",
-    "try:\n    {a} = json.loads({b})\nexcept ValueError as exc:\n    raise RuntimeError(f\"bad {w}: {{exc}}\")\n",
-    "with open({a}, \"r\", encoding=\"utf-8\") as f:\n    for {d} in f:\n        print({d}.strip())\n",
+    (
+        'def {a}({b}, {c}=None):\n    """Return the {w} of {b}."""\n    if {c} is None:\n        {c} = []\n'
+        "    for {d} in {b}:\n        {c}.append({d})\n    return {c}\n"
+    ),
+    (
+        "class {A}:\n    def __init__(self, {b}: int = {n}) -> None:\n        self.{b} = {b}\n\n"
+        '    def __repr__(self) -> str:\n        return f"{A}({{self.{b}!r}})"\n'
+    ),
+    'import os\nimport sys\nfrom pathlib import Path\n\n{a} = Path(os.environ.get("{B}", "/tmp"))\n',
+    'try:\n    {a} = json.loads({b})\nexcept ValueError as exc:\n    raise RuntimeError(f"bad {w}: {{exc}}")\n',
+    'with open({a}, "r", encoding="utf-8") as f:\n    for {d} in f:\n        print({d}.strip())\n',
     "assert {a} == {n}, {b}\nwhile {c} < {n}:\n    {c} += 1\n",
 )
 
@@ -183,21 +208,34 @@ def _corpus(rng: random.Random) -> list[str]:
     for _ in range(2000):
         template = rng.choice(_PY)
         a, b, c, d = (rng.choice(_IDENTS) for _ in range(4))
-        docs.append(template.format(
-            a=a, b=b, c=c, d=d, w=rng.choice(_WORDS),
-            A=rng.choice(_IDENTS).title().replace("_", ""), B=rng.choice(_IDENTS).upper(), n=rng.randint(0, 4096),
-        ))
+        docs.append(
+            template.format(
+                a=a,
+                b=b,
+                c=c,
+                d=d,
+                w=rng.choice(_WORDS),
+                A=rng.choice(_IDENTS).title().replace("_", ""),
+                B=rng.choice(_IDENTS).upper(),
+                n=rng.randint(0, 4096),
+            )
+        )
     for _ in range(2000):
-        args = {rng.choice(_IDENTS): rng.choice([rng.randint(0, 999), rng.choice(_SHELL), True, None])
-                for _ in range(rng.randint(1, 3))}
+        args = {
+            rng.choice(_IDENTS): rng.choice([rng.randint(0, 999), rng.choice(_SHELL), True, None])
+            for _ in range(rng.randint(1, 3))
+        }
         call = json.dumps({"name": rng.choice(["Bash", "Read", "Edit", "Write", "Grep"]), "arguments": args})
         docs.append(f"<tool_call>\n{call}\n</tool_call>")
         docs.append(f"<|im_start|>user\n<tool_response>\n{rng.choice(_SHELL)}\n</tool_response><|im_end|>\n")
-        docs.append(f"<|im_start|>assistant\n<think>\n{rng.choice(_WORDS)} {rng.choice(_WORDS)}\n</think>\n\n")
+        docs.append(
+            f"<|im_start|>assistant\n<think>\n{rng.choice(_WORDS)} {rng.choice(_WORDS)}\n</think>\n\n"
+        )
     return docs
 
 
 # --------------------------------------------------------------------------- builders
+
 
 def _read_marker(out_dir: Path) -> dict | None:
     try:
@@ -257,6 +295,7 @@ def build_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
 
     out_dir = Path(out_dir)
+
     def ok(marker: dict | None) -> bool:
         return bool(marker) and marker.get("version") == BUILDER_VERSION
 
@@ -301,9 +340,15 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
     out_dir = Path(out_dir)
+
     def ok(marker: dict | None) -> bool:
-        return (bool(marker) and marker.get("version") == BUILDER_VERSION
-                and marker.get("seed") == seed and "model" in marker.get("parts", ()))
+        return (
+            bool(marker)
+            and marker.get("version") == BUILDER_VERSION
+            and marker.get("seed") == seed
+            and "model" in marker.get("parts", ())
+        )
+
     if ok(_read_marker(out_dir)):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -314,12 +359,16 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
     )
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(tmp / "tok")
-    (tmp / MARKER).write_text(json.dumps({"version": BUILDER_VERSION, "seed": seed, "parts": ["tokenizer", "model"]}))
+    (tmp / MARKER).write_text(
+        json.dumps({"version": BUILDER_VERSION, "seed": seed, "parts": ["tokenizer", "model"]})
+    )
     _publish(tmp, out_dir, ok)
     return out_dir
 
@@ -329,7 +378,15 @@ def build_tiny_moe_config(vocab_size: int = VOCAB_SIZE) -> Qwen3MoeConfig:
     from transformers import Qwen3MoeConfig
 
     return Qwen3MoeConfig(
-        vocab_size=vocab_size, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-        num_hidden_layers=TINY_MOE_LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-        num_experts=8, num_experts_per_tok=TINY_MOE_TOP_K, max_position_embeddings=4096,
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=TINY_MOE_LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=TINY_MOE_TOP_K,
+        max_position_embeddings=4096,
     )

@@ -81,7 +81,8 @@ def parse_reward_json(text: str) -> dict[str, float]:
         raise ValueError(f"reward.json is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(  # noqa: TRY004 (one error type for all bad content)
-            f"reward.json must be an object of name -> number, got {type(data).__name__}")
+            f"reward.json must be an object of name -> number, got {type(data).__name__}"
+        )
     if not data:
         raise ValueError("reward.json is an empty object")
     return {str(k): _number(str(k), v) for k, v in data.items()}
@@ -113,8 +114,9 @@ async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
     return res.stdout if res.exit_code == 0 else None
 
 
-async def run_verifier(sandbox: Sandbox, task: Task, *, timeout_s: float | None = None,
-                       log_dir: Path | None = None) -> VerifierResult:
+async def run_verifier(
+    sandbox: Sandbox, task: Task, *, timeout_s: float | None = None, log_dir: Path | None = None
+) -> VerifierResult:
     """Verify the sandbox's current state for `task`. `timeout_s` overrides
     `[verifier].timeout_sec`. When `log_dir` is given, /logs/verifier is downloaded into it
     (best effort: the verifier may have written nothing)."""
@@ -122,13 +124,25 @@ async def run_verifier(sandbox: Sandbox, task: Task, *, timeout_s: float | None 
     timeout = timeout_s if timeout_s is not None else cfg.timeout_sec
     prep = await sandbox.exec(
         f"rm -rf {TESTS_DIR} && rm -f {REWARD_JSON} {REWARD_TXT} && mkdir -p {VERIFIER_LOG_DIR} "
-        f"&& chmod 777 {VERIFIER_LOG_DIR}", user="0", timeout_s=60)
+        f"&& chmod 777 {VERIFIER_LOG_DIR}",
+        user="0",
+        timeout_s=60,
+    )
     if not prep.ok:
-        return VerifierResult({}, False, f"could not prepare {VERIFIER_LOG_DIR}: {prep.stderr.strip()}",
-                              prep.exit_code, False, prep.stdout, prep.stderr, prep.duration_s)
+        return VerifierResult(
+            {},
+            False,
+            f"could not prepare {VERIFIER_LOG_DIR}: {prep.stderr.strip()}",
+            prep.exit_code,
+            False,
+            prep.stdout,
+            prep.stderr,
+            prep.duration_s,
+        )
     await sandbox.upload(task.tests_dir, TESTS_DIR)
-    run = await sandbox.exec(f"bash {TESTS_DIR}/test.sh", timeout_s=timeout, env=cfg.env or None,
-                             user=cfg.user)
+    run = await sandbox.exec(
+        f"bash {TESTS_DIR}/test.sh", timeout_s=timeout, env=cfg.env or None, user=cfg.user
+    )
     files: dict[str, str] = {}
     rewards: dict[str, float] = {}
     reason: str | None = None
@@ -147,5 +161,14 @@ async def run_verifier(sandbox: Sandbox, task: Task, *, timeout_s: float | None 
             await sandbox.download(VERIFIER_LOG_DIR, log_dir)
         except FileNotFoundError:
             pass
-    return VerifierResult(rewards, reason is None, reason, run.exit_code, run.timed_out,
-                          run.stdout, run.stderr, run.duration_s, files)
+    return VerifierResult(
+        rewards,
+        reason is None,
+        reason,
+        run.exit_code,
+        run.timed_out,
+        run.stdout,
+        run.stderr,
+        run.duration_s,
+        files,
+    )

@@ -143,13 +143,9 @@ class TrialResult(BaseModel):
     tool_calls: int = 0
     prompt_tokens: int = 0
     response_tokens: int = 0
-    timings: dict[str, float] = Field(
-        default_factory=dict
-    )  # phase -> seconds (summed over attempts)
+    timings: dict[str, float] = Field(default_factory=dict)  # phase -> seconds (summed over attempts)
     attempts: int = 0
-    trajectory_uris: list[str] = Field(
-        default_factory=list
-    )  # one per attempt, oldest first
+    trajectory_uris: list[str] = Field(default_factory=list)  # one per attempt, oldest first
     logs_uri: str | None = None
     result_uri: str | None = None
     error: TrialError | None = None

@@ -169,10 +169,7 @@ class TrialWorkflow:
     @workflow.signal
     def report_progress(self, beat: ScaffoldHeartbeat) -> None:
         """Fed by the scaffold activity; beats from an older attempt are ignored."""
-        if (
-            beat.attempt == self._progress.attempt
-            and self._progress.phase == "scaffold"
-        ):
+        if beat.attempt == self._progress.attempt and self._progress.phase == "scaffold":
             self._progress.turns = beat.turns
             self._progress.prompt_tokens = beat.prompt_tokens
             self._progress.response_tokens = beat.response_tokens
@@ -222,9 +219,7 @@ class TrialWorkflow:
         workflow.upsert_search_attributes(
             [
                 SearchAttributeKey.for_float(SA_REWARD).value_set(result.reward),
-                SearchAttributeKey.for_keyword(SA_TERMINATION).value_set(
-                    result.termination_reason
-                ),
+                SearchAttributeKey.for_keyword(SA_TERMINATION).value_set(result.termination_reason),
             ]
         )
         return result
@@ -268,9 +263,7 @@ class TrialWorkflow:
     ) -> None:
         host = {
             "task_queue": setup.host_queue,
-            "schedule_to_start_timeout": timedelta(
-                seconds=spec.host_schedule_timeout_s
-            ),
+            "schedule_to_start_timeout": timedelta(seconds=spec.host_schedule_timeout_s),
             "heartbeat_timeout": timedelta(seconds=spec.heartbeat_timeout_s),
         }
         agent_timeout = spec.agent_timeout_s or setup.agent_timeout_s
@@ -323,8 +316,7 @@ class TrialWorkflow:
                 verifier_timeout_s=setup.verifier_timeout_s,
             ),
             summary=activity_summary("verify", attempt, spec),
-            start_to_close_timeout=timedelta(seconds=setup.verifier_timeout_s)
-            + VERIFY_GRACE,
+            start_to_close_timeout=timedelta(seconds=setup.verifier_timeout_s) + VERIFY_GRACE,
             retry_policy=VERIFY_RETRY,
             **host,
         )
@@ -347,9 +339,7 @@ class TrialWorkflow:
         `summary` labels the activity in the Temporal UI (see `activity_summary`)."""
         started = workflow.now()
         try:
-            return await workflow.execute_activity_method(
-                activity, arg, summary=summary, **options
-            )
+            return await workflow.execute_activity_method(activity, arg, summary=summary, **options)
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 # The workflow was cancelled while this activity ran (TRY_CANCEL).
@@ -365,9 +355,7 @@ class TrialWorkflow:
         finally:
             tally.add_time(phase, (workflow.now() - started).total_seconds())
 
-    async def _teardown(
-        self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput
-    ) -> None:
+    async def _teardown(self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput) -> None:
         """Best effort, never raises. If the owning worker is gone, any worker on the same
         engine can still remove the container (shared-queue fallback); elsewhere the
         periodic reaper does."""
@@ -384,16 +372,12 @@ class TrialWorkflow:
                 arg,
                 summary=activity_summary("teardown", attempt, spec),
                 task_queue=setup.host_queue,
-                schedule_to_start_timeout=timedelta(
-                    seconds=spec.host_schedule_timeout_s
-                ),
+                schedule_to_start_timeout=timedelta(seconds=spec.host_schedule_timeout_s),
                 start_to_close_timeout=TEARDOWN_TIMEOUT,
                 retry_policy=TEARDOWN_RETRY,
             )
         except ActivityError as err:
-            workflow.logger.warning(
-                "teardown of %s on its host failed: %s", setup.sandbox_id, err.cause
-            )
+            workflow.logger.warning("teardown of %s on its host failed: %s", setup.sandbox_id, err.cause)
             try:
                 await workflow.execute_activity_method(
                     SandboxActivities.teardown,
@@ -404,17 +388,13 @@ class TrialWorkflow:
                     retry_policy=TEARDOWN_RETRY,
                 )
             except ActivityError as err2:
-                workflow.logger.warning(
-                    "fallback teardown of %s failed: %s", setup.sandbox_id, err2.cause
-                )
+                workflow.logger.warning("fallback teardown of %s failed: %s", setup.sandbox_id, err2.cause)
         finally:
             tally.add_time("teardown", (workflow.now() - started).total_seconds())
 
     def _ensure_start_attributes(self, spec: TrialSpec) -> None:
         """Clients set these at start; a workflow started elsewhere gets them here."""
-        if workflow.info().typed_search_attributes.get(
-            SearchAttributeKey.for_keyword(SA_BATCH)
-        ):
+        if workflow.info().typed_search_attributes.get(SearchAttributeKey.for_keyword(SA_BATCH)):
             return
         updates = [
             SearchAttributeKey.for_keyword(SA_BATCH).value_set(spec.batch_id),
@@ -450,12 +430,8 @@ class TrialWorkflow:
             termination_reason=termination,
             turns=scaffold.turns if scaffold else self._progress.turns,
             tool_calls=scaffold.tool_calls if scaffold else 0,
-            prompt_tokens=scaffold.prompt_tokens
-            if scaffold
-            else self._progress.prompt_tokens,
-            response_tokens=scaffold.response_tokens
-            if scaffold
-            else self._progress.response_tokens,
+            prompt_tokens=scaffold.prompt_tokens if scaffold else self._progress.prompt_tokens,
+            response_tokens=scaffold.response_tokens if scaffold else self._progress.response_tokens,
             timings=tally.timings,
             attempts=tally.attempts,
             trajectory_uris=tally.trajectory_uris,

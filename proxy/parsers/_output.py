@@ -10,13 +10,19 @@ from proxy.parsers._reasoning import ReasoningParser
 from proxy.parsers._registry import Registry
 from proxy.parsers._tools import ToolParser
 
-REASONING_PARSERS: Registry[type[ReasoningParser]] = Registry("reasoning parser", {
-    "think": "proxy.parsers._reasoning:ThinkReasoningParser",
-})
-TOOL_PARSERS: Registry[type[ToolParser]] = Registry("tool parser", {
-    "hermes": "proxy.parsers._tools:HermesToolParser",
-    "qwen3_coder": "proxy.parsers._tools:Qwen3CoderToolParser",
-})
+REASONING_PARSERS: Registry[type[ReasoningParser]] = Registry(
+    "reasoning parser",
+    {
+        "think": "proxy.parsers._reasoning:ThinkReasoningParser",
+    },
+)
+TOOL_PARSERS: Registry[type[ToolParser]] = Registry(
+    "tool parser",
+    {
+        "hermes": "proxy.parsers._tools:HermesToolParser",
+        "qwen3_coder": "proxy.parsers._tools:Qwen3CoderToolParser",
+    },
+)
 
 
 def _random_call_id() -> str:
@@ -48,6 +54,8 @@ def parse_output(
     extracted = TOOL_PARSERS.get(tools)().extract(rest, tool_specs)
     calls = [ToolCall(id=tool_call_id_factory(), name=n, arguments=a) for n, a in extracted.calls]
     return ParsedOutput(
-        content=extracted.content.strip(), reasoning=reasoning_text,
-        tool_calls=calls, parse_failures=extracted.failures,
+        content=extracted.content.strip(),
+        reasoning=reasoning_text,
+        tool_calls=calls,
+        parse_failures=extracted.failures,
     )

@@ -27,7 +27,7 @@ class ThinkReasoningParser:
     def split(self, text: str) -> tuple[str | None, str]:
         stripped = text.lstrip()
         if stripped.startswith(self.open_tag):
-            inner = stripped[len(self.open_tag):]
+            inner = stripped[len(self.open_tag) :]
             reasoning, closed, rest = inner.partition(self.close_tag)
             if not closed:
                 return (reasoning.strip() or None), ""

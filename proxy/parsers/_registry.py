@@ -40,7 +40,9 @@ class Registry(Generic[T]):
             try:
                 target = self._targets[name]
             except KeyError:
-                raise KeyError(f"unknown {self.kind} {name!r}; available: {', '.join(self.names())}") from None
+                raise KeyError(
+                    f"unknown {self.kind} {name!r}; available: {', '.join(self.names())}"
+                ) from None
             module, _, attr = target.partition(":")
             self._loaded[name] = getattr(importlib.import_module(module), attr)
         return self._loaded[name]

@@ -56,9 +56,9 @@ class _BlockToolParser:
                 out.failures += 1
                 pos = len(text)
                 break
-            call = self.decode(text[start + len(OPEN):end], tool_specs)
+            call = self.decode(text[start + len(OPEN) : end], tool_specs)
             if call is None:
-                pieces.append(text[start:end + len(CLOSE)])
+                pieces.append(text[start : end + len(CLOSE)])
                 out.failures += 1
             else:
                 out.calls.append(call)
@@ -113,7 +113,7 @@ class Qwen3CoderToolParser(_BlockToolParser):
         args: dict[str, Any] = {}
         pos = 0
         for param in _PARAM.finditer(inner):
-            if inner[pos:param.start()].strip():  # stray text between parameters
+            if inner[pos : param.start()].strip():  # stray text between parameters
                 return None
             key, raw = param.group(1).strip(), param.group(2)
             raw = raw.removeprefix("\n")

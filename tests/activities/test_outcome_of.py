@@ -6,8 +6,14 @@ from activities.scaffold import outcome_of
 from trialflow.scaffolds import ScaffoldResult
 
 
-def _result(exit_code: int = 0, *, timed_out: bool = False, stop_reason=None, stderr: str = "",
-            detail: str | None = None) -> ScaffoldResult:
+def _result(
+    exit_code: int = 0,
+    *,
+    timed_out: bool = False,
+    stop_reason=None,
+    stderr: str = "",
+    detail: str | None = None,
+) -> ScaffoldResult:
     return ScaffoldResult(exit_code, timed_out, "", stderr, 1.0, stop_reason=stop_reason, detail=detail)
 
 
@@ -28,7 +34,10 @@ def test_nonzero_exit_without_a_stop_reason_is_a_scaffold_error_with_the_stderr_
 
 def test_scaffold_error_message_leads_with_the_agents_own_detail():
     _, error = outcome_of(_result(1, detail="API Error: output token maximum", stderr="x\n"), attempt=1)
-    assert error is not None and error.message == "scaffold exited with code 1: API Error: output token maximum | x"
+    assert (
+        error is not None
+        and error.message == "scaffold exited with code 1: API Error: output token maximum | x"
+    )
     _, bare = outcome_of(_result(1), attempt=1)
     assert bare is not None and bare.message == "scaffold exited with code 1"
 

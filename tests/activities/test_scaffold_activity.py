@@ -50,9 +50,7 @@ class OneTurnScaffold(Scaffold):
         ):
             text = await resp.text()
         code = 0 if resp.status == 200 else 1
-        return ScaffoldResult(
-            code, False, "", f"HTTP {resp.status}: {text}", time.monotonic() - started
-        )
+        return ScaffoldResult(code, False, "", f"HTTP {resp.status}: {text}", time.monotonic() - started)
 
 
 register_scaffold("test-one-turn", f"{__name__}:OneTurnScaffold")
@@ -89,9 +87,7 @@ async def test_replicas_down_is_a_retried_infra_error(
     stop = asyncio.Event()
     running = asyncio.create_task(process.run(stop))
     try:
-        spec = batch.make_specs(
-            f"down-{suffix}", [TASK], "test-one-turn", attempt_limit=2
-        )[0]
+        spec = batch.make_specs(f"down-{suffix}", [TASK], "test-one-turn", attempt_limit=2)[0]
         [r] = await batch.run(client, [spec], task_queue=settings.task_queue)
     finally:
         stop.set()

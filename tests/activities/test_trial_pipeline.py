@@ -32,9 +32,7 @@ from workflows.shared import TrialResult
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "tasks"
-BROKEN_DOCKERFILE = (
-    REPO / "tests" / "trialflow" / "fixtures" / "tasks" / "broken-dockerfile"
-)
+BROKEN_DOCKERFILE = REPO / "tests" / "trialflow" / "fixtures" / "tasks" / "broken-dockerfile"
 SOLVABLE = ["create-file", "fix-bug", "multi-step", "reward-json"]
 
 pytestmark = [pytest.mark.temporal, pytest.mark.docker, pytest.mark.s3]
@@ -47,12 +45,8 @@ class CrashingScaffold(Scaffold):
     needs_model = False
 
     async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
-        res: ExecResult = await ctx.sandbox.exec(
-            "echo about to crash >&2; exit 3", timeout_s=30
-        )
-        return ScaffoldResult(
-            res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s
-        )
+        res: ExecResult = await ctx.sandbox.exec("echo about to crash >&2; exit 3", timeout_s=30)
+        return ScaffoldResult(res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s)
 
 
 register_scaffold("test-crash", f"{__name__}:CrashingScaffold")
@@ -90,19 +84,13 @@ def _s3_keys(settings: TrialflowSettings, prefix: str) -> list[str]:
         aws_access_key_id=settings.s3_access_key,
         aws_secret_access_key=settings.s3_secret_key,
     )
-    listed = s3.list_objects_v2(
-        Bucket=settings.s3_bucket, Prefix=f"{settings.s3_prefix}/{prefix}"
-    )
+    listed = s3.list_objects_v2(Bucket=settings.s3_bucket, Prefix=f"{settings.s3_prefix}/{prefix}")
     return [o["Key"] for o in listed.get("Contents", [])]
 
 
-async def test_oracle_solves_every_sample_task(
-    client, settings, worker, no_leaked_sandboxes
-):
+async def test_oracle_solves_every_sample_task(client, settings, worker, no_leaked_sandboxes):
     tasks = sorted(p for p in EXAMPLES.iterdir() if (p / "task.toml").exists())
-    specs = batch.make_specs(
-        f"oracle-{uuid.uuid4().hex[:6]}", tasks, "oracle", attempt_limit=1
-    )
+    specs = batch.make_specs(f"oracle-{uuid.uuid4().hex[:6]}", tasks, "oracle", attempt_limit=1)
     results = {r.task_name: r for r in await _run(client, settings, specs)}
     for name in SOLVABLE:
         r = results[name]
@@ -123,79 +111,46 @@ async def test_oracle_solves_every_sample_task(
     assert any(k.endswith("/result.json") for k in keys)
     assert any(k.endswith("attempt-1/logs/scaffold.log") for k in keys)
     assert any("attempt-1/logs/verifier/" in k for k in keys)
-    assert (
-        worker.metrics.value(
-            "trialflow_trials_completed_total", {"termination": "submitted"}
-        )
-        >= 6
-    )
+    assert worker.metrics.value("trialflow_trials_completed_total", {"termination": "submitted"}) >= 6
 
 
 async def test_nop_solves_none(client, settings, worker, no_leaked_sandboxes):
     tasks = [EXAMPLES / name for name in SOLVABLE]
-    specs = batch.make_specs(
-        f"nop-{uuid.uuid4().hex[:6]}", tasks, "nop", attempt_limit=1
-    )
+    specs = batch.make_specs(f"nop-{uuid.uuid4().hex[:6]}", tasks, "nop", attempt_limit=1)
     results = await _run(client, settings, specs)
-    assert [(r.reward, r.reward_valid, r.error) for r in results] == [
-        (0.0, True, None)
-    ] * len(SOLVABLE)
+    assert [(r.reward, r.reward_valid, r.error) for r in results] == [(0.0, True, None)] * len(SOLVABLE)
 
 
-async def test_broken_dockerfile_fails_fast_non_retryable(
-    client, settings, worker, no_leaked_sandboxes
-):
-    specs = batch.make_specs(
-        f"broken-{uuid.uuid4().hex[:6]}", [BROKEN_DOCKERFILE], "oracle"
-    )
+async def test_broken_dockerfile_fails_fast_non_retryable(client, settings, worker, no_leaked_sandboxes):
+    specs = batch.make_specs(f"broken-{uuid.uuid4().hex[:6]}", [BROKEN_DOCKERFILE], "oracle")
     started = time.monotonic()
     [r] = await _run(client, settings, specs)
     elapsed = time.monotonic() - started
-    assert (
-        r.error is not None
-        and r.error.type == "ImageBuildFailed"
-        and r.error.non_retryable
-    )
+    assert r.error is not None and r.error.type == "ImageBuildFailed" and r.error.non_retryable
     assert r.error.phase == "setup" and r.attempts == 1
     assert "broken-dockerfile-marker" in r.error.message  # the build log tail is kept
     assert r.termination_reason == "verifier_error" and not r.reward_valid
-    assert elapsed < 60, (
-        f"took {elapsed:.0f}s: a non-retryable error must not be retried"
-    )
+    assert elapsed < 60, f"took {elapsed:.0f}s: a non-retryable error must not be retried"
 
 
 async def test_crashing_scaffold_is_an_outcome_and_still_verified(
     client, settings, worker, no_leaked_sandboxes
 ):
-    specs = batch.make_specs(
-        f"crash-{uuid.uuid4().hex[:6]}", [EXAMPLES / "create-file"], "test-crash"
-    )
+    specs = batch.make_specs(f"crash-{uuid.uuid4().hex[:6]}", [EXAMPLES / "create-file"], "test-crash")
     [r] = await _run(client, settings, specs)
     assert r.termination_reason == "scaffold_error"
-    assert (
-        r.error is not None
-        and r.error.type == "ScaffoldExit"
-        and "code 3" in r.error.message
-    )
+    assert r.error is not None and r.error.type == "ScaffoldExit" and "code 3" in r.error.message
     assert "about to crash" in r.error.message
-    assert (
-        r.reward_valid and r.reward == 0.0
-    )  # verified anyway: the file was never made
+    assert r.reward_valid and r.reward == 0.0  # verified anyway: the file was never made
     assert r.logs_uri and r.logs_uri.endswith("logs/scaffold.log")
 
 
 async def test_unknown_scaffold_is_a_recorded_non_retryable_error(
     client, settings, worker, no_leaked_sandboxes
 ):
-    specs = batch.make_specs(
-        f"unknown-{uuid.uuid4().hex[:6]}", [EXAMPLES / "create-file"], "no-such-agent"
-    )
+    specs = batch.make_specs(f"unknown-{uuid.uuid4().hex[:6]}", [EXAMPLES / "create-file"], "no-such-agent")
     [r] = await _run(client, settings, specs)
-    assert (
-        r.error is not None
-        and r.error.type == "UnknownScaffold"
-        and r.error.non_retryable
-    )
+    assert r.error is not None and r.error.type == "UnknownScaffold" and r.error.non_retryable
     assert "oracle" in r.error.message  # the message lists the registered names
 
 
@@ -203,7 +158,4 @@ def test_trial_keys_match_the_listed_uris(settings):
     """The attempt URI the workflow lists is the store's own URI of TrialKeys.root."""
     store = worker_main.open_store(settings)
     keys = TrialKeys("b", "trial-b-t-0", 2)
-    assert (
-        store.uri(keys.root)
-        == f"s3://{settings.s3_bucket}/{settings.s3_prefix}/{keys.root}"
-    )
+    assert store.uri(keys.root) == f"s3://{settings.s3_bucket}/{settings.s3_prefix}/{keys.root}"

@@ -96,7 +96,9 @@ def fake_experts(total: int, layers: int, top_k: int, n_experts: int) -> np.ndar
 
 
 def _bad_request(message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "BadRequestError", "code": 400}}, status=400)
+    return web.json_response(
+        {"error": {"message": message, "type": "BadRequestError", "code": 400}}, status=400
+    )
 
 
 def _b64_npy(arr: np.ndarray) -> str:
@@ -191,7 +193,9 @@ class ScriptedVLLM:
         if isinstance(action, (Reply, HTTPFailure)) and action.delay_s:
             await asyncio.sleep(action.delay_s)
         if isinstance(action, HTTPFailure):
-            return web.json_response({"error": {"message": action.message, "code": action.status}}, status=action.status)
+            return web.json_response(
+                {"error": {"message": action.message, "code": action.status}}, status=action.status
+            )
         if isinstance(action, Drop):
             assert request.transport is not None
             request.transport.close()
@@ -222,17 +226,36 @@ class ScriptedVLLM:
             layers, top_k, n = action.experts
             choice["routed_experts"] = _b64_npy(fake_experts(len(prompt) + len(ids) - 1, layers, top_k, n))
         self.timings.append((arrived, time.monotonic()))
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt) + len(ids),
+        }
         return web.json_response(
-            {"id": f"cmpl-{len(self.requests)}", "object": "text_completion", "created": 0,
-             "model": body.get("model", self.model), "choices": [choice], "usage": usage},
+            {
+                "id": f"cmpl-{len(self.requests)}",
+                "object": "text_completion",
+                "created": 0,
+                "model": body.get("model", self.model),
+                "choices": [choice],
+                "usage": usage,
+            },
             dumps=_vllm_json,
         )
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "vllm",
-                                         "max_model_len": self.max_model_len}]}
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "owned_by": "vllm",
+                        "max_model_len": self.max_model_len,
+                    }
+                ],
+            }
         )
 
     async def _health(self, request: web.Request) -> web.Response:

@@ -24,8 +24,10 @@ def test_ensure_is_idempotent_and_fast_when_present(docker_client):
 def test_image_has_the_tools(docker_client):
     ensure_base_image(docker_client)
     out = docker_client.containers.run(
-        BASE_IMAGE, ["bash", "-c", "python3 --version && tmux -V && timeout --version | head -1 && ps --version"],
-        network_mode="host", remove=True,
+        BASE_IMAGE,
+        ["bash", "-c", "python3 --version && tmux -V && timeout --version | head -1 && ps --version"],
+        network_mode="host",
+        remove=True,
     ).decode()
     assert "Python 3" in out and "tmux" in out and "coreutils" in out and "procps" in out
 

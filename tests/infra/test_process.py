@@ -45,7 +45,9 @@ def test_stop_escalates_to_sigkill_and_reaches_children(tmp_path: Path) -> None:
 
 
 def test_process_that_exits_early_reports_its_log_tail(tmp_path: Path) -> None:
-    proc = ManagedProcess("crasher", ["/bin/sh", "-c", "echo first; echo boom-marker >&2; exit 3"], tmp_path / "c.log")
+    proc = ManagedProcess(
+        "crasher", ["/bin/sh", "-c", "echo first; echo boom-marker >&2; exit 3"], tmp_path / "c.log"
+    )
     proc.start()
     with pytest.raises(ServiceStartError, match=r"(?s)exited with code 3.*boom-marker"):
         proc.wait_ready(lambda: False, timeout_s=10)

@@ -56,7 +56,9 @@ def _custom_search_attributes(address: str) -> dict[str, str]:
 
     async def _list() -> dict[str, str]:
         client = await Client.connect(address)
-        resp = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace="default"))
+        resp = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace="default")
+        )
         return {k: IndexedValueType.Name(v) for k, v in resp.custom_attributes.items()}
 
     return asyncio.run(_list())
@@ -165,7 +167,9 @@ def _completion(base_url: str, model: str, prompt_ids: list[int]) -> dict:
         "return_token_ids": True, "logprobs": 1,
     }  # fmt: skip
     req = urllib.request.Request(
-        f"{base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        f"{base_url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.load(resp)

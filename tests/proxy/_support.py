@@ -11,11 +11,27 @@ from proxy.backend import VLLMClient
 from proxy.pool import ReplicaPool
 
 BASH_TOOL_CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
-ANTHROPIC_TOOLS = [{"name": "Bash", "description": "Run a shell command",
-                    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
-                                     "required": ["command"]}}]
-OPENAI_TOOLS = [{"type": "function", "function": {"name": "Bash", "description": "Run a shell command",
-                                                   "parameters": ANTHROPIC_TOOLS[0]["input_schema"]}}]
+ANTHROPIC_TOOLS = [
+    {
+        "name": "Bash",
+        "description": "Run a shell command",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    }
+]
+OPENAI_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Run a shell command",
+            "parameters": ANTHROPIC_TOOLS[0]["input_schema"],
+        },
+    }
+]
 
 
 SCAFFOLD_BIN = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "node_modules" / ".bin"
@@ -23,14 +39,19 @@ SCAFFOLD_BIN = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "n
 
 def write_hi_call(tool: str) -> str:
     """The scripted model's call of a scaffold's shell tool ``tool`` that writes out.txt."""
-    return (f'<tool_call>\n{{"name": "{tool}", "arguments": {{"command": "echo hi > out.txt", '
-            '"description": "Write hi to out.txt"}}\n</tool_call>')
+    return (
+        f'<tool_call>\n{{"name": "{tool}", "arguments": {{"command": "echo hi > out.txt", '
+        '"description": "Write hi to out.txt"}}\n</tool_call>'
+    )
 
 
-async def run_cli(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float = 240) -> tuple[int, bytes, bytes]:
+async def run_cli(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float = 240
+) -> tuple[int, bytes, bytes]:
     """(exit code, stdout, stderr) of a scaffold CLI; killed after ``timeout_s``."""
-    proc = await asyncio.create_subprocess_exec(*argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
     except asyncio.TimeoutError:
@@ -56,5 +77,10 @@ def proxy_server(tok, *urls: str, keepalive_s: float = 0.2, max_body_bytes: int 
 
     config.setdefault("model", "scripted")
     config.setdefault("max_context_tokens", 4096)
-    return ProxyServer(tokenizer=tok, pool=pool_over(*urls), defaults=SessionConfig(**config), keepalive_s=keepalive_s,
-                       max_body_bytes=max_body_bytes)
+    return ProxyServer(
+        tokenizer=tok,
+        pool=pool_over(*urls),
+        defaults=SessionConfig(**config),
+        keepalive_s=keepalive_s,
+        max_body_bytes=max_body_bytes,
+    )

@@ -63,7 +63,10 @@ def test_claude_code_request_translates_to_neutral_messages():
         "system", "user", "assistant", "tool", "tool", "assistant", "system", "tool", "user",
     ]  # fmt: skip
     system, user, first, read, bash, edit, reminder, edited, last = req.messages
-    assert system["content"].startswith("x-anthropic-billing-header") and "\nYou are Claude Code" in system["content"]
+    assert (
+        system["content"].startswith("x-anthropic-billing-header")
+        and "\nYou are Claude Code" in system["content"]
+    )
     assert user["content"].endswith("\nThe test in tests/test_math.py fails. Fix add() in math_utils.py.")
     assert first == {
         "role": "assistant",
@@ -82,9 +85,15 @@ def test_claude_code_request_translates_to_neutral_messages():
     assert bash["is_error"] is True and bash["name"] == "Bash" and bash["content"].startswith("F\nFAILED")
     assert "is_error" not in read
     assert edit["content"] == "" and edit["tool_calls"][0]["function"]["name"] == "Edit"
-    assert reminder == {"role": "system", "content": "<system-reminder>The TodoWrite tool hasn't been used recently.</system-reminder>"}
+    assert reminder == {
+        "role": "system",
+        "content": "<system-reminder>The TodoWrite tool hasn't been used recently.</system-reminder>",
+    }
     assert edited["tool_call_id"] == "toolu_01C4mN8pQ2rS6tU0vW4xY8z" and edited["name"] == "Edit"
-    assert last == {"role": "user", "content": "<system-reminder>Remember to run the tests.</system-reminder>"}
+    assert last == {
+        "role": "user",
+        "content": "<system-reminder>Remember to run the tests.</system-reminder>",
+    }
 
     assert [t["function"]["name"] for t in req.tools] == [
         "Task", "Bash", "Glob", "Grep", "ExitPlanMode", "Read", "Edit", "Write", "NotebookEdit", "WebFetch",
@@ -127,7 +136,8 @@ def test_unknown_and_redacted_blocks_are_skipped_and_reported():
     ]))  # fmt: skip
     assert req.messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     assert set(req.ignored_fields) == {
-        "messages[].content[].type=search_result_v9", "messages[].content[].type=redacted_thinking"
+        "messages[].content[].type=search_result_v9",
+        "messages[].content[].type=redacted_thinking",
     }
 
 
@@ -136,7 +146,13 @@ def test_sampling_fields():
         minimal(temperature=0.2, top_p=0.9, top_k=20, stop_sequences=["</answer>", "STOP"], stream=True)
     )
     s = req.sampling
-    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.stop) == (16, 0.2, 0.9, 20, ("</answer>", "STOP"))
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.stop) == (
+        16,
+        0.2,
+        0.9,
+        20,
+        ("</answer>", "STOP"),
+    )
 
 
 @pytest.mark.parametrize(
@@ -154,7 +170,11 @@ def test_tool_choice(choice, expected):
 
 @pytest.mark.parametrize(
     "config, expected",
-    [({"type": "adaptive"}, True), ({"type": "enabled", "budget_tokens": 2048}, True), ({"type": "disabled"}, False)],
+    [
+        ({"type": "adaptive"}, True),
+        ({"type": "enabled", "budget_tokens": 2048}, True),
+        ({"type": "disabled"}, False),
+    ],
 )
 def test_thinking_config(config, expected):
     assert api.parse_messages_request(minimal(thinking=config)).thinking is expected
@@ -170,11 +190,26 @@ def test_thinking_config(config, expected):
         (minimal(max_tokens=True), "max_tokens: Input should be a valid integer"),
         (minimal(messages=[]), "messages: List should have at least 1 item"),
         (minimal(messages=[{"role": "bot", "content": "x"}]), "messages[0].role: Input should be"),
-        (minimal(messages=[{"role": "user", "content": 3}]), "messages[0].content: Input should be a valid string"),
-        (minimal(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0].text: Field required"),
-        (minimal(messages=[{"role": "user", "content": ["hi"]}]), "messages[0].content[0]: Input should be a valid dictionary"),
-        (minimal(messages=[{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b", "input": {}}]}]),
-         "messages[0].content[0]: a tool_use block is not allowed here"),
+        (
+            minimal(messages=[{"role": "user", "content": 3}]),
+            "messages[0].content: Input should be a valid string",
+        ),
+        (
+            minimal(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+            "messages[0].content[0].text: Field required",
+        ),
+        (
+            minimal(messages=[{"role": "user", "content": ["hi"]}]),
+            "messages[0].content[0]: Input should be a valid dictionary",
+        ),
+        (
+            minimal(
+                messages=[
+                    {"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b", "input": {}}]}
+                ]
+            ),
+            "messages[0].content[0]: a tool_use block is not allowed here",
+        ),
         (minimal(tool_choice={"type": "tool"}), "tool_choice.name: required"),
         (minimal(tools=[{"name": "x"}]), "tools[0].input_schema: Field required"),
         (minimal(thinking={"type": "sometimes"}), "thinking.type: Input should be"),
@@ -190,8 +225,14 @@ def test_invalid_requests_are_400_naming_the_field(body, message):
 @pytest.mark.parametrize(
     "content, where",
     [
-        ([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}], "messages[0].content[0]"),
-        ([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}], "messages[0].content[0].content[0]"),
+        (
+            [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}],
+            "messages[0].content[0]",
+        ),
+        (
+            [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}],
+            "messages[0].content[0].content[0]",
+        ),
         ([{"type": "document", "source": {"type": "text", "data": "x"}}], "messages[0].content[0]"),
     ],
 )
@@ -220,17 +261,31 @@ def test_request_serialised_by_the_sdk_is_accepted():
         msg = api.build_message(outcome("ok"), model="m", message_id="msg_1")
         return httpx.Response(200, json=msg)
 
-    client = anthropic.Anthropic(api_key="x", base_url="http://proxy", http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    client = anthropic.Anthropic(
+        api_key="x", base_url="http://proxy", http_client=httpx.Client(transport=httpx.MockTransport(handler))
+    )
     client.messages.create(
         model="m",
         max_tokens=64,
         system=[{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
         messages=[
             {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"}],
+            },
         ],
-        tools=[{"name": "f", "description": "d", "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}],
+        tools=[
+            {
+                "name": "f",
+                "description": "d",
+                "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+            }
+        ],
         tool_choice={"type": "any"},
         thinking={"type": "enabled", "budget_tokens": 1024},
         stop_sequences=["X"],
@@ -306,7 +361,9 @@ def test_stream_events_fold_into_the_non_streaming_message():
     deltas = [d["delta"]["type"] for n, d in events if n == "content_block_delta"]
     assert "signature_delta" in deltas and deltas.count("input_json_delta") >= 4
     folded = fold(events)
-    assert folded == Message.model_validate(api.build_message(TOOL_OUTCOME, model="tiny", message_id="msg_01"))
+    assert folded == Message.model_validate(
+        api.build_message(TOOL_OUTCOME, model="tiny", message_id="msg_01")
+    )
 
 
 def test_sse_bytes_through_the_sdk_stream():
@@ -315,11 +372,17 @@ def test_sse_bytes_through_the_sdk_stream():
 
     def handler(request: httpx.Request) -> httpx.Response:
         frames = [api.sse(*api.ping_event())]
-        frames += [api.sse(name, data) for name, data in api.stream_events(out, model="tiny", message_id="msg_2")]
+        frames += [
+            api.sse(name, data) for name, data in api.stream_events(out, model="tiny", message_id="msg_2")
+        ]
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(frames))
 
-    client = anthropic.Anthropic(api_key="x", base_url="http://proxy", http_client=httpx.Client(transport=httpx.MockTransport(handler)))
-    with client.messages.stream(model="tiny", max_tokens=100, messages=[{"role": "user", "content": "hi"}]) as stream:
+    client = anthropic.Anthropic(
+        api_key="x", base_url="http://proxy", http_client=httpx.Client(transport=httpx.MockTransport(handler))
+    )
+    with client.messages.stream(
+        model="tiny", max_tokens=100, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == out.parsed.content
@@ -333,12 +396,16 @@ def test_sse_framing():
 
 def echo_request(msg: dict[str, Any]) -> dict[str, Any]:
     """The next request a client sends after receiving ``msg``: the assistant content echoed back."""
-    return minimal(messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": msg["content"]}])
+    return minimal(
+        messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": msg["content"]}]
+    )
 
 
 def test_echoed_message_parses_back_to_the_assistant_message():
     msg = api.build_message(TOOL_OUTCOME, model="m", message_id="msg_1")
-    assert api.parse_messages_request(echo_request(msg)).messages[-1] == assistant_message(TOOL_OUTCOME.parsed)
+    assert api.parse_messages_request(echo_request(msg)).messages[-1] == assistant_message(
+        TOOL_OUTCOME.parsed
+    )
 
 
 tool_calls = st.lists(
@@ -355,13 +422,17 @@ parsed_outputs = st.builds(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(parsed=parsed_outputs, finish=st.sampled_from(["stop", "length", "tool_calls"]), chunk=st.integers(1, 40))
+@given(
+    parsed=parsed_outputs, finish=st.sampled_from(["stop", "length", "tool_calls"]), chunk=st.integers(1, 40)
+)
 def test_property_stream_fold_and_echo_round_trip(parsed, finish, chunk):
     """Chunk boundaries never change the folded message, and echoing it back restores the
     neutral assistant message (content that is only whitespace is excluded: see module doc)."""
     out = TurnOutcome(parsed, finish, 5, 7)
     msg = api.build_message(out, model="m", message_id="msg_p")
-    assert fold(list(api.stream_events(out, model="m", message_id="msg_p", chunk_chars=chunk))) == Message.model_validate(msg)
+    assert fold(
+        list(api.stream_events(out, model="m", message_id="msg_p", chunk_chars=chunk))
+    ) == Message.model_validate(msg)
     assert api.parse_messages_request(echo_request(msg)).messages[-1] == assistant_message(parsed)
 
 
@@ -372,11 +443,26 @@ def test_property_arbitrary_json_is_a_request_or_a_400(body):
 
 
 block = st.fixed_dictionaries(
-    {"type": mostly(st.sampled_from(["text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image", "zzz"]))},
-    optional={"text": mostly(short), "id": mostly(short), "name": mostly(short), "tool_use_id": mostly(short),
-              "input": mostly(st.dictionaries(short, json_values, max_size=2)), "thinking": mostly(short),
-              "content": mostly(short | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": short}), max_size=2)),
-              "is_error": json_values, "cache_control": json_values},
+    {
+        "type": mostly(
+            st.sampled_from(
+                ["text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image", "zzz"]
+            )
+        )
+    },
+    optional={
+        "text": mostly(short),
+        "id": mostly(short),
+        "name": mostly(short),
+        "tool_use_id": mostly(short),
+        "input": mostly(st.dictionaries(short, json_values, max_size=2)),
+        "thinking": mostly(short),
+        "content": mostly(
+            short | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": short}), max_size=2)
+        ),
+        "is_error": json_values,
+        "cache_control": json_values,
+    },
 )
 valid_ish = st.fixed_dictionaries(
     {"model": mostly(short), "max_tokens": mostly(st.integers(1, 5)),
@@ -435,7 +521,10 @@ def test_errors_render_as_the_sdk_expects(err, status, kind, sdk_error):
         return httpx.Response(code, json=body)
 
     client = anthropic.Anthropic(
-        api_key="x", base_url="http://proxy", max_retries=0, http_client=httpx.Client(transport=httpx.MockTransport(handler))
+        api_key="x",
+        base_url="http://proxy",
+        max_retries=0,
+        http_client=httpx.Client(transport=httpx.MockTransport(handler)),
     )
     with pytest.raises(sdk_error) as info:
         client.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
@@ -443,12 +532,18 @@ def test_errors_render_as_the_sdk_expects(err, status, kind, sdk_error):
 
 
 def test_context_exhausted_uses_the_wording_claude_code_matches():
-    assert api.render_error(ContextExhausted(5000, 4096))[1]["error"]["message"] == "prompt is too long: 5000 tokens > 4096 maximum"
+    assert (
+        api.render_error(ContextExhausted(5000, 4096))[1]["error"]["message"]
+        == "prompt is too long: 5000 tokens > 4096 maximum"
+    )
 
 
 def test_error_event_mid_stream():
     name, data = api.error_event(ReplicaUnavailable("gone"))
-    assert name == "error" and data == {"type": "error", "error": {"type": "overloaded_error", "message": "gone"}}
+    assert name == "error" and data == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "gone"},
+    }
 
 
 def test_models_response():
@@ -457,9 +552,18 @@ def test_models_response():
 
 def test_a_resent_tool_list_parses_the_same_and_a_bad_one_fails_every_time():
     """See the OpenAI adapter's test of the same name (proxy.wire.RecentParses)."""
+
     def tools(flag):
-        return [{"name": "Bash", "cache_control": {"type": "ephemeral"}, "input_schema": {
-            "type": "object", "properties": {"command": {"type": "string", "default": flag}}}}]
+        return [
+            {
+                "name": "Bash",
+                "cache_control": {"type": "ephemeral"},
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"command": {"type": "string", "default": flag}},
+                },
+            }
+        ]
 
     first, again = (api.parse_messages_request(minimal(tools=tools(True))) for _ in range(2))
     assert again.tools == first.tools and again.ignored_fields == first.ignored_fields

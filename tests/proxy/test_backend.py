@@ -17,20 +17,39 @@ from proxy.backend import (
 )
 from proxy.chat import SamplingParams
 from proxy.errors import BackendHTTPError, ReplicaUnavailable
-from tests.doubles.scripted_vllm import Abort, Drop, HTTPFailure, Reply, ScriptedVLLM, fake_experts, fake_logprob
+from tests.doubles.scripted_vllm import (
+    Abort,
+    Drop,
+    HTTPFailure,
+    Reply,
+    ScriptedVLLM,
+    fake_experts,
+    fake_logprob,
+)
 
 
 def _req(prompt=(5, 6, 7), max_tokens=32, **sampling) -> CompletionRequest:
-    return CompletionRequest(model="scripted", prompt_ids=list(prompt), max_tokens=max_tokens,
-                             sampling=SamplingParams(**sampling))
+    return CompletionRequest(
+        model="scripted", prompt_ids=list(prompt), max_tokens=max_tokens, sampling=SamplingParams(**sampling)
+    )
 
 
 def test_body_has_token_in_token_out_fields():
     body = build_body(_req(max_tokens=9, temperature=0.5, top_p=0.9, top_k=20, seed=3, stop=("END",)))
     assert body == {
-        "model": "scripted", "prompt": [5, 6, 7], "max_tokens": 9, "temperature": 0.5, "top_p": 0.9,
-        "top_k": 20, "seed": 3, "stop": ["END"], "logprobs": 1, "return_token_ids": True,
-        "skip_special_tokens": False, "include_stop_str_in_output": True, "stream": False,
+        "model": "scripted",
+        "prompt": [5, 6, 7],
+        "max_tokens": 9,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 20,
+        "seed": 3,
+        "stop": ["END"],
+        "logprobs": 1,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "stream": False,
     }
     plain = build_body(_req())
     assert "top_k" not in plain and "seed" not in plain and "stop" not in plain
@@ -50,7 +69,9 @@ async def test_complete_parses_ids_logprobs_experts(tok):
         client = VLLMClient(dbl.url)
         gen = await client.complete(_req())
         await client.close()
-    expected = tok.encode("hello world", add_special_tokens=False) + [tok.convert_tokens_to_ids(tok.eos_token)]
+    expected = tok.encode("hello world", add_special_tokens=False) + [
+        tok.convert_tokens_to_ids(tok.eos_token)
+    ]
     assert gen.token_ids == expected
     assert gen.prompt_token_ids == [5, 6, 7]
     assert gen.logprobs == [fake_logprob(t, 3 + i) for i, t in enumerate(expected)]
@@ -66,18 +87,24 @@ async def test_length_and_abort_finish_reasons(tok):
         aborted = await client.complete(_req())
         await client.close()
     assert length.finish_reason == "length" and len(length.token_ids) == 2
-    assert aborted.finish_reason == "abort" and aborted.token_ids == tok.encode("one", add_special_tokens=False)
+    assert aborted.finish_reason == "abort" and aborted.token_ids == tok.encode(
+        "one", add_special_tokens=False
+    )
 
 
 async def test_error_mapping(tok):
-    async with ScriptedVLLM(tok, script=[HTTPFailure(500, "engine dead"), HTTPFailure(400, "bad prompt"), Drop()]) as dbl:
+    async with ScriptedVLLM(
+        tok, script=[HTTPFailure(500, "engine dead"), HTTPFailure(400, "bad prompt"), Drop()]
+    ) as dbl:
         client = VLLMClient(dbl.url)
         with pytest.raises(BackendHTTPError) as e5:
             await client.complete(_req())
         assert e5.value.upstream_status == 500 and is_retryable(e5.value) and "engine dead" in str(e5.value)
         with pytest.raises(BackendHTTPError) as e4:
             await client.complete(_req())
-        assert e4.value.upstream_status == 400 and not is_retryable(e4.value) and "bad prompt" in str(e4.value)
+        assert (
+            e4.value.upstream_status == 400 and not is_retryable(e4.value) and "bad prompt" in str(e4.value)
+        )
         with pytest.raises(ReplicaUnavailable):
             await client.complete(_req())
         await client.close()
@@ -98,8 +125,16 @@ async def test_timeout_is_replica_unavailable(tok):
 
 
 def test_parse_rejects_contract_breaks():
-    ok = {"choices": [{"token_ids": [1, 2], "prompt_token_ids": [5, 6, 7], "finish_reason": "stop",
-                       "logprobs": {"token_logprobs": [-0.1, -0.2]}}]}
+    ok = {
+        "choices": [
+            {
+                "token_ids": [1, 2],
+                "prompt_token_ids": [5, 6, 7],
+                "finish_reason": "stop",
+                "logprobs": {"token_logprobs": [-0.1, -0.2]},
+            }
+        ]
+    }
     assert parse_completion(ok, _req()).token_ids == [1, 2]
     top_level = {"prompt_token_ids": [5, 6, 7], "choices": [dict(ok["choices"][0], prompt_token_ids=None)]}
     assert parse_completion(top_level, _req()).logprobs == [-0.1, -0.2]
@@ -148,8 +183,10 @@ async def test_a_different_compact_echo_is_still_a_protocol_error(tok):
     from aiohttp import web
 
     async def handler(request):
-        body = b'{"choices":[{"text":"x","token_ids":[9],"prompt_token_ids":[5,6,8],"finish_reason":"stop",' \
-               b'"logprobs":{"token_logprobs":[-0.5]}}]}'
+        body = (
+            b'{"choices":[{"text":"x","token_ids":[9],"prompt_token_ids":[5,6,8],"finish_reason":"stop",'
+            b'"logprobs":{"token_logprobs":[-0.5]}}]}'
+        )
         return web.Response(body=body, content_type="application/json")
 
     app = web.Application()

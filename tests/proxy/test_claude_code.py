@@ -28,20 +28,34 @@ def _is_main(prompt: str) -> bool:
 @pytest.mark.skipif(not CLAUDE.exists(), reason="Claude Code not installed (infra/setup.sh)")
 async def test_claude_code_runs_a_tool_through_the_proxy(tok, tmp_path):
     script = [Reply(write_hi_call("Bash")), Reply("I wrote hi to out.txt.")]
-    async with ScriptedVLLM(tok, script=script, match=_is_main, default=Reply("Greeting"),
-                            max_model_len=1_000_000) as dbl:
+    async with ScriptedVLLM(
+        tok, script=script, match=_is_main, default=Reply("Greeting"), max_model_len=1_000_000
+    ) as dbl:
         async with proxy_server(tok, dbl.url, max_context_tokens=None) as srv:
             h = srv.open_session()
             work = tmp_path / "work"
             work.mkdir()
             env = {
-                "PATH": os.environ["PATH"], "HOME": str(tmp_path), "IS_SANDBOX": "1",
-                "ANTHROPIC_BASE_URL": h.anthropic_base_url, "ANTHROPIC_API_KEY": "dummy",
-                "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "PATH": os.environ["PATH"],
+                "HOME": str(tmp_path),
+                "IS_SANDBOX": "1",
+                "ANTHROPIC_BASE_URL": h.anthropic_base_url,
+                "ANTHROPIC_API_KEY": "dummy",
+                "DISABLE_TELEMETRY": "1",
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             }
             code, out, err = await run_cli(
-                [str(CLAUDE), "-p", "Create a file out.txt containing hi.", "--dangerously-skip-permissions",
-                 "--output-format", "json"], work, env)
+                [
+                    str(CLAUDE),
+                    "-p",
+                    "Create a file out.txt containing hi.",
+                    "--dangerously-skip-permissions",
+                    "--output-format",
+                    "json",
+                ],
+                work,
+                env,
+            )
             assert code == 0, (out[-2000:], err[-2000:])
             result = json.loads(out)
             traj = srv.session(h.session_id).trajectory
@@ -57,5 +71,7 @@ async def test_claude_code_runs_a_tool_through_the_proxy(tok, tmp_path):
     assert seg.full_ids[: len(p2)] == p2 and p2[: len(p1)] == p1
     assert traj.counters.tool_calls >= 1
     sides = [s for s in traj.segments if s.kind == "side"]
-    print(f"claude code: {len(main_turns)} main turns, {len(sides)} side segments, "
-          f"{len(dbl.requests)} backend calls, main prompt {len(p1)} tokens")
+    print(
+        f"claude code: {len(main_turns)} main turns, {len(sides)} side segments, "
+        f"{len(dbl.requests)} backend calls, main prompt {len(p1)} tokens"
+    )

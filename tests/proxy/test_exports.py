@@ -8,10 +8,28 @@ import sys
 import proxy
 
 EXPECTED = {
-    "BackendError", "ChatRequest", "CheckpointSink", "CompletionRequest", "ContextExhausted",
-    "DirectorySink", "Generation", "MemorySink", "ParsedOutput", "ProtocolError", "ProxyError",
-    "ProxyServer", "ReplicaPool", "ReplicaUnavailable", "SamplingParams", "Session", "SessionConfig",
-    "SessionHandle", "ToolCall", "Trajectory", "TurnOutcome", "VLLMClient",
+    "BackendError",
+    "ChatRequest",
+    "CheckpointSink",
+    "CompletionRequest",
+    "ContextExhausted",
+    "DirectorySink",
+    "Generation",
+    "MemorySink",
+    "ParsedOutput",
+    "ProtocolError",
+    "ProxyError",
+    "ProxyServer",
+    "ReplicaPool",
+    "ReplicaUnavailable",
+    "SamplingParams",
+    "Session",
+    "SessionConfig",
+    "SessionHandle",
+    "ToolCall",
+    "Trajectory",
+    "TurnOutcome",
+    "VLLMClient",
 }
 
 

@@ -18,7 +18,10 @@ Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]  # -> keep the
 
 def ok(body: bytes = b'{"ok":1}', extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
-        len(body), extra, body)
+        len(body),
+        extra,
+        body,
+    )
 
 
 class RawServer:
@@ -42,8 +45,11 @@ class RawServer:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length"))
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
                 body = await reader.readexactly(length)
                 self.requests.append(body)
                 if not await self.answer(body, writer):
@@ -59,6 +65,7 @@ def replies(*chunks: bytes, keep: bool = True) -> Answer:
             writer.write(c)
             await writer.drain()
         return keep
+
     return answer
 
 
@@ -90,15 +97,20 @@ async def test_concurrent_calls_get_their_own_connections_and_answers():
         await pool.close()
 
 
-@pytest.mark.parametrize("wire, body", [
-    # chunked, with a chunk extension and a trailer
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;x=y\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\nX-T: 1\r\n\r\n",
-     b'{"a":1}'),
-    # an interim 100 Continue before the real answer
-    (b"HTTP/1.1 100 Continue\r\n\r\n" + ok(b"[]"), b"[]"),
-    # empty body
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", b""),
-])
+@pytest.mark.parametrize(
+    "wire, body",
+    [
+        # chunked, with a chunk extension and a trailer
+        (
+            b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;x=y\r\n{"a"\r\n3\r\n:1}\r\n0\r\nX-T: 1\r\n\r\n',
+            b'{"a":1}',
+        ),
+        # an interim 100 Continue before the real answer
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + ok(b"[]"), b"[]"),
+        # empty body
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", b""),
+    ],
+)
 async def test_framings(wire, body):
     async with RawServer(replies(wire)) as srv:
         pool = Http1Pool("127.0.0.1", srv.port)
@@ -109,7 +121,9 @@ async def test_framings(wire, body):
 
 
 async def test_no_length_reads_to_eof_and_connection_close_is_honoured():
-    async with RawServer(replies(b"HTTP/1.1 503 Busy\r\nContent-Type: text/plain\r\n\r\nbusy", keep=False)) as srv:
+    async with RawServer(
+        replies(b"HTTP/1.1 503 Busy\r\nContent-Type: text/plain\r\n\r\nbusy", keep=False)
+    ) as srv:
         pool = Http1Pool("127.0.0.1", srv.port)
         assert await pool.post("/x", b"{}") == (503, b"busy")
         assert await pool.post("/x", b"{}") == (503, b"busy")
@@ -190,12 +204,15 @@ async def test_timeout_and_cancellation_close_the_connection():
         await pool.close()
 
 
-@pytest.mark.parametrize("wire", [
-    b"SMTP ready\r\n\r\n",                                         # not HTTP
-    b"HTTP/1.1 200 OK\r\nno-colon-here\r\n\r\n",                   # malformed header
-    b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",          # truncated body
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # bad chunk size
-])
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"SMTP ready\r\n\r\n",  # not HTTP
+        b"HTTP/1.1 200 OK\r\nno-colon-here\r\n\r\n",  # malformed header
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",  # truncated body
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # bad chunk size
+    ],
+)
 async def test_malformed_answers_raise_http1_error(wire):
     async with RawServer(replies(wire, keep=False)) as srv:
         pool = Http1Pool("127.0.0.1", srv.port)

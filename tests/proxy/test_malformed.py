@@ -22,9 +22,14 @@ from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
 from tests.proxy._support import load_tokenizer, proxy_server
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -33,18 +38,49 @@ VALID = {
     "messages/count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     "chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
 }
-KEYS = ["model", "messages", "max_tokens", "system", "tools", "tool_choice", "stream", "stop", "stop_sequences",
-        "temperature", "top_p", "top_k", "thinking", "n", "max_completion_tokens", "stream_options", "metadata"]
+KEYS = [
+    "model",
+    "messages",
+    "max_tokens",
+    "system",
+    "tools",
+    "tool_choice",
+    "stream",
+    "stop",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "thinking",
+    "n",
+    "max_completion_tokens",
+    "stream_options",
+    "metadata",
+]
 
 
 def _mutations(route: str):
     """A valid body with one top-level field replaced, or one message replaced, by junk."""
     base = VALID[route]
-    top = st.tuples(st.sampled_from(KEYS) | st.text(max_size=8), json_values).map(lambda kv: {**base, kv[0]: kv[1]})
+    top = st.tuples(st.sampled_from(KEYS) | st.text(max_size=8), json_values).map(
+        lambda kv: {**base, kv[0]: kv[1]}
+    )
     msg = json_values.map(lambda v: {**base, "messages": [v]})
-    block = st.tuples(st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image", "x"]), json_values).map(
-        lambda tv: {**base, "messages": [{"role": "user", "content": [{"type": tv[0], "text": tv[1], "input": tv[1],
-                                                                         "content": tv[1], "tool_use_id": tv[1]}]}]})
+    block = st.tuples(
+        st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image", "x"]), json_values
+    ).map(
+        lambda tv: {
+            **base,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": tv[0], "text": tv[1], "input": tv[1], "content": tv[1], "tool_use_id": tv[1]}
+                    ],
+                }
+            ],
+        }
+    )
     return top | msg | block
 
 
@@ -77,12 +113,18 @@ class ThreadedProxy:
         self.thread.join(timeout=10)
 
 
-def post(url: str, body: bytes, headers: dict[str, str] | None = None, method: str = "POST") -> tuple[int, bytes]:
+def post(
+    url: str, body: bytes, headers: dict[str, str] | None = None, method: str = "POST"
+) -> tuple[int, bytes]:
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     try:
-        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=body,
-                     headers={"Content-Type": "application/json", **(headers or {})})
+        conn.request(
+            method,
+            parts.path + (f"?{parts.query}" if parts.query else ""),
+            body=body,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -149,11 +191,16 @@ def test_mutated_valid_bodies(proxy, bystander, target, data):
 
 
 @FUZZ
-@given(path=st.text(alphabet="abcdefghijklmnopqrstuvwxyz/._-%", max_size=30),
-       method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]))
+@given(
+    path=st.text(alphabet="abcdefghijklmnopqrstuvwxyz/._-%", max_size=30),
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+)
 def test_random_paths_and_management(proxy, target, path, method):
-    for url in (f"{target.openai_base_url}/{path}", f"{proxy.srv.base_url}/sessions/{path}",
-                f"{proxy.srv.base_url}/s/{target.session_id}/wrong/v1/{path}"):
+    for url in (
+        f"{target.openai_base_url}/{path}",
+        f"{proxy.srv.base_url}/sessions/{path}",
+        f"{proxy.srv.base_url}/s/{target.session_id}/wrong/v1/{path}",
+    ):
         status, raw = post(url, b"{}", method=method)
         assert status < 500, (url, status, raw[:200])
 
@@ -167,8 +214,12 @@ def test_bystander_session_unaffected(proxy, bystander, target):
     # Runs last in this module: after every barrage above.
     h, messages = bystander
     messages = messages + [{"role": "user", "content": "second"}]
-    status, raw = post(h.openai_base_url + "/chat/completions", json.dumps({"model": "m", "messages": messages}).encode())
+    status, raw = post(
+        h.openai_base_url + "/chat/completions", json.dumps({"model": "m", "messages": messages}).encode()
+    )
     assert status == 200 and json.loads(raw)["choices"][0]["message"]["content"] == "OK"
     traj = proxy.srv.session(h.session_id).trajectory
     assert traj.counters.turns == 2 and len(traj.segments) == 1  # the second turn extended the first
-    assert traj.segments[0].full_ids[: len(proxy.dbl.requests[-1]["prompt"])] == proxy.dbl.requests[-1]["prompt"]
+    assert (
+        traj.segments[0].full_ids[: len(proxy.dbl.requests[-1]["prompt"])] == proxy.dbl.requests[-1]["prompt"]
+    )

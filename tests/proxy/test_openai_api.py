@@ -48,7 +48,9 @@ def outcome(content="", reasoning=None, calls=(), finish="stop") -> TurnOutcome:
 
 def sdk_client(handler, **kw: Any) -> openai.OpenAI:
     transport = httpx.MockTransport(handler)
-    return openai.OpenAI(api_key="x", base_url="http://proxy/v1", http_client=httpx.Client(transport=transport), **kw)
+    return openai.OpenAI(
+        api_key="x", base_url="http://proxy/v1", http_client=httpx.Client(transport=transport), **kw
+    )
 
 
 # ------------------------------------------------------------------------------ requests
@@ -57,10 +59,21 @@ def sdk_client(handler, **kw: Any) -> openai.OpenAI:
 def test_opencode_request_translates_to_neutral_messages():
     req = api.parse_chat_request(opencode_body())
 
-    assert req.protocol == "openai" and req.model == "tiny" and req.stream is True and req.stream_usage is True
+    assert (
+        req.protocol == "openai" and req.model == "tiny" and req.stream is True and req.stream_usage is True
+    )
     assert (req.sampling.max_tokens, req.sampling.temperature, req.sampling.top_p) == (4096, 0.6, 0.95)
     assert req.tool_choice == "auto" and req.thinking is None
-    assert [m["role"] for m in req.messages] == ["system", "system", "user", "assistant", "tool", "assistant", "tool", "tool"]
+    assert [m["role"] for m in req.messages] == [
+        "system",
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "tool",
+    ]
     assert req.messages[2] == {"role": "user", "content": "Fix add() in math_utils.py so the tests pass."}
     assert req.messages[3] == {
         "role": "assistant",
@@ -69,7 +82,10 @@ def test_opencode_request_translates_to_neutral_messages():
         "tool_calls": [{"id": "call_9a8b7c6d5e4f3a2b1c0d9e8f", "type": "function",
                         "function": {"name": "read", "arguments": {"filePath": "/app/math_utils.py"}}}],
     }  # fmt: skip
-    assert req.messages[4]["name"] == "read" and req.messages[4]["tool_call_id"] == "call_9a8b7c6d5e4f3a2b1c0d9e8f"
+    assert (
+        req.messages[4]["name"] == "read"
+        and req.messages[4]["tool_call_id"] == "call_9a8b7c6d5e4f3a2b1c0d9e8f"
+    )
     second = req.messages[5]
     assert second["content"] == "" and "reasoning_content" not in second
     assert [c["function"]["arguments"] for c in second["tool_calls"]] == [
@@ -123,13 +139,20 @@ def test_thinking(extra, expected):
 
 def test_tool_arguments_forms():
     def args(raw: Any) -> Any:
-        msg = {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": raw}}]}
-        return api.parse_chat_request(minimal(messages=[msg])).messages[0]["tool_calls"][0]["function"]["arguments"]
+        msg = {
+            "role": "assistant",
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": raw}}],
+        }
+        return api.parse_chat_request(minimal(messages=[msg])).messages[0]["tool_calls"][0]["function"][
+            "arguments"
+        ]
 
     assert args('{"a": [1, 2]}') == {"a": [1, 2]}
     assert args("") == {} and args("  ") == {}
     assert args({"a": 1}) == {"a": 1}
-    with pytest.raises(InvalidRequest, match=r"messages\[0\]\.tool_calls\[0\]\.function\.arguments: not valid JSON"):
+    with pytest.raises(
+        InvalidRequest, match=r"messages\[0\]\.tool_calls\[0\]\.function\.arguments: not valid JSON"
+    ):
         args('{"a": ')
     with pytest.raises(InvalidRequest, match="must encode a JSON object"):
         args("[1]")
@@ -146,13 +169,28 @@ def test_non_function_tools_are_skipped_and_reported():
         ("hi", "request body: expected a JSON object, got string"),
         (minimal(n=2), "n: must be 1"),
         (minimal(messages=[]), "messages: List should have at least 1 item"),
-        (minimal(messages=[{"role": "function", "content": "x", "name": "f"}]), "messages[0].role: Input should be"),
-        (minimal(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id: required for role 'tool'"),
-        (minimal(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0].text: required string"),
+        (
+            minimal(messages=[{"role": "function", "content": "x", "name": "f"}]),
+            "messages[0].role: Input should be",
+        ),
+        (
+            minimal(messages=[{"role": "tool", "content": "x"}]),
+            "messages[0].tool_call_id: required for role 'tool'",
+        ),
+        (
+            minimal(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+            "messages[0].content[0].text: required string",
+        ),
         (minimal(max_tokens=0), "max_tokens: Input should be greater than or equal to 1"),
         (minimal(stop=3), "stop: Input should be a valid string"),
-        (minimal(stream_options={"include_usage": "yes"}), "stream_options.include_usage: Input should be a valid boolean"),
-        (minimal(tools=[{"type": "function", "function": {"description": "no name"}}]), "tools[0].function.name: Field required"),
+        (
+            minimal(stream_options={"include_usage": "yes"}),
+            "stream_options.include_usage: Input should be a valid boolean",
+        ),
+        (
+            minimal(tools=[{"type": "function", "function": {"description": "no name"}}]),
+            "tools[0].function.name: Field required",
+        ),
     ],
 )
 def test_invalid_requests_are_400_naming_the_field(body, message):
@@ -164,8 +202,12 @@ def test_invalid_requests_are_400_naming_the_field(body, message):
 @pytest.mark.parametrize("part", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
                                   {"type": "input_audio", "input_audio": {}}, {"type": "file", "file": {}}])  # fmt: skip
 def test_media_parts_are_rejected_clearly(part):
-    with pytest.raises(InvalidRequest, match=r"are not supported by this proxy \(messages\[0\]\.content\[1\]"):
-        api.parse_chat_request(minimal(messages=[{"role": "user", "content": [{"type": "text", "text": "see"}, part]}]))
+    with pytest.raises(
+        InvalidRequest, match=r"are not supported by this proxy \(messages\[0\]\.content\[1\]"
+    ):
+        api.parse_chat_request(
+            minimal(messages=[{"role": "user", "content": [{"type": "text", "text": "see"}, part]}])
+        )
 
 
 def test_request_serialised_by_the_sdk_is_accepted():
@@ -173,15 +215,22 @@ def test_request_serialised_by_the_sdk_is_accepted():
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(json.loads(request.content))
-        return httpx.Response(200, json=api.build_chat_completion(outcome("ok"), model="m", completion_id="c", created=1))
+        return httpx.Response(
+            200, json=api.build_chat_completion(outcome("ok"), model="m", completion_id="c", created=1)
+        )
 
     sdk_client(handler).chat.completions.create(
         model="m",
         messages=[
             {"role": "system", "content": "sys"},
             {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-            {"role": "assistant", "content": None,
-             "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+                ],
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": "done"},
         ],
         tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
@@ -201,20 +250,30 @@ def test_request_serialised_by_the_sdk_is_accepted():
 TOOL_OUTCOME = outcome(
     content="",
     reasoning="Run the tests first.",
-    calls=[ToolCall("call_A", "bash", {"command": "pytest -q", "note": "ünïcode"}), ToolCall("call_B", "read", {"filePath": "/app/a.py"})],
+    calls=[
+        ToolCall("call_A", "bash", {"command": "pytest -q", "note": "ünïcode"}),
+        ToolCall("call_B", "read", {"filePath": "/app/a.py"}),
+    ],
     finish="tool_calls",
 )
 
 
 def test_build_chat_completion_is_a_valid_sdk_object():
-    completion = ChatCompletion.model_validate(api.build_chat_completion(TOOL_OUTCOME, model="tiny", completion_id="chatcmpl-1", created=1700000000))
+    completion = ChatCompletion.model_validate(
+        api.build_chat_completion(TOOL_OUTCOME, model="tiny", completion_id="chatcmpl-1", created=1700000000)
+    )
     choice = completion.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert choice.message.reasoning_content == "Run the tests first."  # extra field kept by the SDK model
     assert [json.loads(tc.function.arguments) for tc in choice.message.tool_calls] == [
-        {"command": "pytest -q", "note": "ünïcode"}, {"filePath": "/app/a.py"}
+        {"command": "pytest -q", "note": "ünïcode"},
+        {"filePath": "/app/a.py"},
     ]
-    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (200, 31, 231)
+    assert (
+        completion.usage.prompt_tokens,
+        completion.usage.completion_tokens,
+        completion.usage.total_tokens,
+    ) == (200, 31, 231)
 
 
 @pytest.mark.parametrize(
@@ -228,7 +287,10 @@ def test_build_chat_completion_is_a_valid_sdk_object():
     ],
 )
 def test_finish_reasons(out, reason):
-    assert api.build_chat_completion(out, model="m", completion_id="c", created=1)["choices"][0]["finish_reason"] == reason
+    assert (
+        api.build_chat_completion(out, model="m", completion_id="c", created=1)["choices"][0]["finish_reason"]
+        == reason
+    )
 
 
 def fold(chunks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -244,7 +306,9 @@ def fold(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "content": message.content,
         "reasoning_content": getattr(message, "reasoning_content", None),
-        "tool_calls": [(tc.id, tc.function.name, json.loads(tc.function.arguments)) for tc in message.tool_calls or []],
+        "tool_calls": [
+            (tc.id, tc.function.name, json.loads(tc.function.arguments)) for tc in message.tool_calls or []
+        ],
         "finish_reason": final.choices[0].finish_reason,
         "usage": final.usage.model_dump() if final.usage else None,
     }
@@ -256,19 +320,29 @@ def expected(out: TurnOutcome) -> dict[str, Any]:
     return {
         "content": message["content"],
         "reasoning_content": message.get("reasoning_content"),
-        "tool_calls": [(tc["id"], tc["function"]["name"], json.loads(tc["function"]["arguments"])) for tc in message.get("tool_calls", [])],
+        "tool_calls": [
+            (tc["id"], tc["function"]["name"], json.loads(tc["function"]["arguments"]))
+            for tc in message.get("tool_calls", [])
+        ],
         "finish_reason": body["choices"][0]["finish_reason"],
     }
 
 
 def test_stream_chunks_fold_into_the_non_streaming_message():
-    chunks = list(api.stream_chunks(TOOL_OUTCOME, model="m", completion_id="c", created=1, include_usage=True, chunk_chars=3))
+    chunks = list(
+        api.stream_chunks(
+            TOOL_OUTCOME, model="m", completion_id="c", created=1, include_usage=True, chunk_chars=3
+        )
+    )
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 231
     assert all(c["usage"] is None for c in chunks[:-1])
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     headers = [tc for d in deltas for tc in d.get("tool_calls", []) if "id" in tc]
-    assert [(h["index"], h["id"], h["function"]["name"]) for h in headers] == [(0, "call_A", "bash"), (1, "call_B", "read")]
+    assert [(h["index"], h["id"], h["function"]["name"]) for h in headers] == [
+        (0, "call_A", "bash"),
+        (1, "call_B", "read"),
+    ]
     folded = fold(chunks)
     assert folded.pop("usage")["total_tokens"] == 231
     assert folded == expected(TOOL_OUTCOME)
@@ -281,16 +355,29 @@ def test_stream_without_usage_has_no_usage_key():
 
 def test_sse_bytes_through_the_sdk_stream():
     """The SDK's own SSE reader (and its [DONE] handling) rebuilds the answer from our bytes."""
-    out = outcome(content="Hello world. " * 40, reasoning="hmm " * 80, calls=[ToolCall("call_Z", "bash", {"command": "ls -la"})], finish="tool_calls")
+    out = outcome(
+        content="Hello world. " * 40,
+        reasoning="hmm " * 80,
+        calls=[ToolCall("call_Z", "bash", {"command": "ls -la"})],
+        finish="tool_calls",
+    )
 
     def handler(request: httpx.Request) -> httpx.Response:
         frames = [api.SSE_KEEPALIVE]
-        frames += [api.sse_chunk(c) for c in api.stream_chunks(out, model="tiny", completion_id="chatcmpl-9", created=5, include_usage=True)]
+        frames += [
+            api.sse_chunk(c)
+            for c in api.stream_chunks(
+                out, model="tiny", completion_id="chatcmpl-9", created=5, include_usage=True
+            )
+        ]
         frames.append(api.SSE_DONE)
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(frames))
 
     stream = sdk_client(handler).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True, stream_options={"include_usage": True}
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
@@ -323,7 +410,9 @@ parsed_outputs = st.builds(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(parsed=parsed_outputs, finish=st.sampled_from(["stop", "length", "tool_calls"]), chunk=st.integers(1, 40))
+@given(
+    parsed=parsed_outputs, finish=st.sampled_from(["stop", "length", "tool_calls"]), chunk=st.integers(1, 40)
+)
 def test_property_stream_fold_and_echo_round_trip(parsed, finish, chunk):
     """Chunk boundaries never change the folded answer; echoing it restores the neutral message."""
     out = TurnOutcome(parsed, finish, 5, 7)
@@ -337,7 +426,9 @@ def test_property_stream_fold_and_echo_round_trip(parsed, finish, chunk):
     assert api.parse_chat_request(echo_request(body)).messages[-1] == assistant_message(parsed)
 
 
-part = st.fixed_dictionaries({"type": mostly(st.sampled_from(["text", "image_url", "refusal"]))}, optional={"text": mostly(short)})
+part = st.fixed_dictionaries(
+    {"type": mostly(st.sampled_from(["text", "image_url", "refusal"]))}, optional={"text": mostly(short)}
+)
 valid_ish = st.fixed_dictionaries(
     {"model": mostly(short),
      "messages": mostly(st.lists(st.fixed_dictionaries(
@@ -374,7 +465,11 @@ def check_parse(body: Any) -> None:
         assert e.status == 400 and e.message
     else:
         assert all(isinstance(m["content"], str) for m in req.messages)
-        assert all(isinstance(tc["function"]["arguments"], dict) for m in req.messages for tc in m.get("tool_calls", ()))
+        assert all(
+            isinstance(tc["function"]["arguments"], dict)
+            for m in req.messages
+            for tc in m.get("tool_calls", ())
+        )
 
 
 # ------------------------------------------------------------------------------ errors
@@ -425,12 +520,26 @@ def test_a_resent_tool_list_parses_the_same_and_a_bad_one_fails_every_time():
     """Tool lists are parsed once and found again by their JSON (proxy.wire.RecentParses): a
     scaffold's next request gets equal specs and the same ignored-field notes, and a request
     changing one schema value (``true`` -> ``1``) gets its own."""
+
     def tools(flag):
-        return [{"type": "function", "function": {"name": "bash", "strict": True, "parameters": {
-            "type": "object", "properties": {"command": {"type": "string", "default": flag}}}}}]
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": "bash",
+                    "strict": True,
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"command": {"type": "string", "default": flag}},
+                    },
+                },
+            }
+        ]
 
     first, again = (api.parse_chat_request(minimal(tools=tools(True))) for _ in range(2))
-    assert again.tools == first.tools and again.ignored_fields == first.ignored_fields == ("tools[].function.strict",)
+    assert again.tools == first.tools and again.ignored_fields == first.ignored_fields == (
+        "tools[].function.strict",
+    )
     changed = api.parse_chat_request(minimal(tools=tools(1)))
     assert changed.tools[0]["function"]["parameters"]["properties"]["command"]["default"] is not True
     bad = [{"type": "function", "function": {"name": 5}}]

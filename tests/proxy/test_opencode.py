@@ -30,8 +30,13 @@ def opencode_config(openai_base_url: str) -> dict:
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "trialflow proxy",
                 "options": {"baseURL": openai_base_url, "apiKey": "dummy"},
-                "models": {"policy": {"name": "policy", "tool_call": True,
-                                      "limit": {"context": 1_000_000, "output": 4096}}},
+                "models": {
+                    "policy": {
+                        "name": "policy",
+                        "tool_call": True,
+                        "limit": {"context": 1_000_000, "output": 4096},
+                    }
+                },
             }
         },
         "model": "trialflow/policy",
@@ -45,21 +50,39 @@ def opencode_config(openai_base_url: str) -> dict:
 @pytest.mark.skipif(not OPENCODE.exists(), reason="OpenCode not installed (infra/setup.sh)")
 async def test_opencode_runs_a_tool_through_the_proxy(tok, tmp_path):
     script = [Reply(write_hi_call("bash")), Reply("I wrote hi to out.txt.")]
-    async with ScriptedVLLM(tok, script=script, match=lambda p: '"name": "bash"' in p, default=Reply("Greeting"),
-                            max_model_len=1_000_000) as dbl:
+    async with ScriptedVLLM(
+        tok,
+        script=script,
+        match=lambda p: '"name": "bash"' in p,
+        default=Reply("Greeting"),
+        max_model_len=1_000_000,
+    ) as dbl:
         async with proxy_server(tok, dbl.url, max_context_tokens=None) as srv:
             h = srv.open_session()
             work = tmp_path / "work"
             work.mkdir()
             env = {
-                "PATH": os.environ["PATH"], "HOME": str(tmp_path),
+                "PATH": os.environ["PATH"],
+                "HOME": str(tmp_path),
                 "OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(h.openai_base_url)),
-                "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
-                "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+                "OPENCODE_DISABLE_AUTOUPDATE": "1",
+                "OPENCODE_DISABLE_MODELS_FETCH": "1",
+                "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+                "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
             }
             code, out, err = await run_cli(
-                [str(OPENCODE), "run", "--format", "json", "-m", "trialflow/policy",
-                 "Create a file out.txt containing hi."], work, env)
+                [
+                    str(OPENCODE),
+                    "run",
+                    "--format",
+                    "json",
+                    "-m",
+                    "trialflow/policy",
+                    "Create a file out.txt containing hi.",
+                ],
+                work,
+                env,
+            )
             assert code == 0, (out[-3000:], err[-3000:])
             traj = srv.session(h.session_id).trajectory
     assert (work / "out.txt").read_text().strip() == "hi", (out[-3000:], err[-3000:])
@@ -73,5 +96,7 @@ async def test_opencode_runs_a_tool_through_the_proxy(tok, tmp_path):
     assert p2[: len(p1)] == p1 and traj.segments[agent].full_ids[: len(p2)] == p2
     assert traj.counters.tool_calls >= 1
     assert len(traj.segments) == 1 + len(dbl.requests) - len(dbl.main_requests)  # each side call apart
-    print(f"opencode: {len(turns)} agent turns, {len(traj.segments)} segments "
-          f"({[s.kind for s in traj.segments]}), {len(dbl.requests)} backend calls, agent prompt {len(p1)} tokens")
+    print(
+        f"opencode: {len(turns)} agent turns, {len(traj.segments)} segments "
+        f"({[s.kind for s in traj.segments]}), {len(dbl.requests)} backend calls, agent prompt {len(p1)} tokens"
+    )

@@ -13,6 +13,7 @@ from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, Registry, parse_outpu
 
 # ------------------------------------------------------------------ registry
 
+
 def test_unknown_name_lists_available():
     with pytest.raises(KeyError, match="available: hermes, qwen3_coder"):
         TOOL_PARSERS.get("nope")
@@ -36,16 +37,19 @@ def test_registry_imports_lazily_and_validates_targets():
 think = REASONING_PARSERS.get("think")()
 
 
-@pytest.mark.parametrize("text, reasoning, rest", [
-    ("<think>\nplan\n</think>\n\nanswer", "plan", "\n\nanswer"),
-    ("  <think>plan</think>answer", "plan", "answer"),
-    ("plan started in prompt\n</think>\n\nanswer", "plan started in prompt", "\n\nanswer"),
-    ("<think>\ntruncated before closing", "truncated before closing", ""),
-    ("<think>\n\n</think>\n\nanswer", None, "\n\nanswer"),
-    ("no reasoning at all", None, "no reasoning at all"),
-    ("answer mentions <think> later", None, "answer mentions <think> later"),
-    ("<think>a</think>b</think>c", "a", "b</think>c"),
-])
+@pytest.mark.parametrize(
+    "text, reasoning, rest",
+    [
+        ("<think>\nplan\n</think>\n\nanswer", "plan", "\n\nanswer"),
+        ("  <think>plan</think>answer", "plan", "answer"),
+        ("plan started in prompt\n</think>\n\nanswer", "plan started in prompt", "\n\nanswer"),
+        ("<think>\ntruncated before closing", "truncated before closing", ""),
+        ("<think>\n\n</think>\n\nanswer", None, "\n\nanswer"),
+        ("no reasoning at all", None, "no reasoning at all"),
+        ("answer mentions <think> later", None, "answer mentions <think> later"),
+        ("<think>a</think>b</think>c", "a", "b</think>c"),
+    ],
+)
 def test_think_split(text, reasoning, rest):
     assert think.split(text) == (reasoning, rest)
 
@@ -68,12 +72,16 @@ class ToolParserSuite:
 
     def parse(self, text: str, **kw):
         ids = iter(range(1000))
-        return parse_output(text, reasoning=None, tools=self.name, tool_call_id_factory=lambda: f"id{next(ids)}", **kw)
+        return parse_output(
+            text, reasoning=None, tools=self.name, tool_call_id_factory=lambda: f"id{next(ids)}", **kw
+        )
 
     def test_single_call_with_content(self):
         out = self.parse("Let me look.\n" + self.call("Bash", {"command": "ls -la"}))
         assert out.content == "Let me look."
-        assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [("id0", "Bash", {"command": "ls -la"})]
+        assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [
+            ("id0", "Bash", {"command": "ls -la"})
+        ]
         assert out.parse_failures == 0
 
     def test_several_calls_keep_order(self):
@@ -99,9 +107,29 @@ class ToolParserSuite:
         assert out.tool_calls == [] and out.parse_failures == 1 and "<tool_call>" in out.content
 
     @settings(max_examples=200, **_SHARED)
-    @given(st.one_of(st.text(), st.lists(st.sampled_from(
-        list("ab{}[]\":,=\n ") + ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=",
-                                  "</parameter>", ">", "<think>", "</think>", '"name"', '"arguments"'])).map("".join)))
+    @given(
+        st.one_of(
+            st.text(),
+            st.lists(
+                st.sampled_from(
+                    list('ab{}[]":,=\n ')
+                    + [
+                        "<tool_call>",
+                        "</tool_call>",
+                        "<function=",
+                        "</function>",
+                        "<parameter=",
+                        "</parameter>",
+                        ">",
+                        "<think>",
+                        "</think>",
+                        '"name"',
+                        '"arguments"',
+                    ]
+                )
+            ).map("".join),
+        )
+    )
     def test_arbitrary_text_never_raises(self, text):
         out = self.parse(text)
         assert out.parse_failures >= 0 and len(out.tool_calls) <= text.count("<tool_call>")
@@ -110,16 +138,26 @@ class ToolParserSuite:
         out = self.parse("<tool_call>" + "[" * 100_000 + "</tool_call>")
         assert out.parse_failures == 1 and out.tool_calls == []
 
-    _value = st.one_of(st.integers(-100, 100), st.text("abc xyz", min_size=1, max_size=8).filter(str.strip),
-                       st.booleans(), st.lists(st.integers(0, 3), max_size=2))
+    _value = st.one_of(
+        st.integers(-100, 100),
+        st.text("abc xyz", min_size=1, max_size=8).filter(str.strip),
+        st.booleans(),
+        st.lists(st.integers(0, 3), max_size=2),
+    )
 
     @settings(max_examples=100, **_SHARED)
-    @given(pieces=st.lists(st.one_of(
-        st.text("abc xyz.\n", max_size=12).map(lambda t: ("text", t)),
-        st.tuples(st.sampled_from(["Bash", "Read"]),
-                  st.dictionaries(st.sampled_from(["path", "command", "n"]), _value, max_size=2))
-        .map(lambda c: ("call", c)),
-    ), max_size=6))
+    @given(
+        pieces=st.lists(
+            st.one_of(
+                st.text("abc xyz.\n", max_size=12).map(lambda t: ("text", t)),
+                st.tuples(
+                    st.sampled_from(["Bash", "Read"]),
+                    st.dictionaries(st.sampled_from(["path", "command", "n"]), _value, max_size=2),
+                ).map(lambda c: ("call", c)),
+            ),
+            max_size=6,
+        )
+    )
     def test_where_text_is_split_between_calls_does_not_matter(self, pieces):
         """Calls come out in order whatever text surrounds them; the text between is the content."""
         text = "".join(p if kind == "text" else self.call(*p) for kind, p in pieces)
@@ -143,8 +181,10 @@ class TestHermes(ToolParserSuite):
         return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
 
     def test_string_arguments_and_missing_arguments(self):
-        out = self.parse('<tool_call>{"name": "A", "arguments": "{\\"x\\": 1}"}</tool_call>'
-                         '<tool_call>{"name": "B"}</tool_call>')
+        out = self.parse(
+            '<tool_call>{"name": "A", "arguments": "{\\"x\\": 1}"}</tool_call>'
+            '<tool_call>{"name": "B"}</tool_call>'
+        )
         assert [(c.name, c.arguments) for c in out.tool_calls] == [("A", {"x": 1}), ("B", {})]
 
 
@@ -158,27 +198,44 @@ class TestQwen3Coder(ToolParserSuite):
     ]
 
     def call(self, name, args):
-        params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
-                         for k, v in args.items())
+        params = "".join(
+            f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+            for k, v in args.items()
+        )
         return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
     def test_values_json_when_they_parse_else_strings(self):
         text = self.call("Edit", {}).replace(
-            "</function>", "<parameter=n>\n42\n</parameter>\n<parameter=s>\nhello world\n</parameter>\n"
-            "<parameter=code>\ndef f():\n    return 1\n\n</parameter>\n</function>")
+            "</function>",
+            "<parameter=n>\n42\n</parameter>\n<parameter=s>\nhello world\n</parameter>\n"
+            "<parameter=code>\ndef f():\n    return 1\n\n</parameter>\n</function>",
+        )
         (call,) = self.parse(text).tool_calls
         assert call.arguments == {"n": 42, "s": "hello world", "code": "def f():\n    return 1\n"}
 
     def test_schema_string_parameters_stay_strings(self):
-        specs = [{"type": "function", "function": {"name": "Bash", "parameters": {
-            "type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}}}}}]
-        text = "<tool_call>\n<function=Bash>\n<parameter=command>\n42\n</parameter>\n" \
-               "<parameter=timeout>\n42\n</parameter>\n</function>\n</tool_call>"
+        specs = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "Bash",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+                    },
+                },
+            }
+        ]
+        text = (
+            "<tool_call>\n<function=Bash>\n<parameter=command>\n42\n</parameter>\n"
+            "<parameter=timeout>\n42\n</parameter>\n</function>\n</tool_call>"
+        )
         (call,) = self.parse(text, tool_specs=specs).tool_calls
         assert call.arguments == {"command": "42", "timeout": 42}
 
 
 # ------------------------------------------------------------------ parse_output
+
 
 def test_parse_output_reasoning_then_tools():
     text = '<think>\nI should list.\n</think>\n\nListing.\n<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'

@@ -10,7 +10,15 @@ import pytest
 from proxy.backend import CompletionRequest, VLLMClient
 from proxy.errors import BackendHTTPError, GenerationAborted, ReplicaUnavailable
 from proxy.pool import ReplicaPool
-from tests.doubles.scripted_vllm import Abort, Drop, HTTPFailure, Reply, ScriptedVLLM, fake_experts, fake_logprob
+from tests.doubles.scripted_vllm import (
+    Abort,
+    Drop,
+    HTTPFailure,
+    Reply,
+    ScriptedVLLM,
+    fake_experts,
+    fake_logprob,
+)
 
 PROMPT = [11, 12, 13, 14]
 
@@ -77,8 +85,11 @@ async def test_abort_is_resumed_into_one_generation(tok):
     first = tok.encode("alpha beta", add_special_tokens=False)
     second = tok.encode(" gamma", add_special_tokens=False)
     eos = tok.convert_tokens_to_ids(tok.eos_token)
-    script = [Abort(token_ids=first, experts=(2, 2, 8)), Abort(token_ids=[], experts=None),
-              Reply(token_ids=second, experts=(2, 2, 8))]
+    script = [
+        Abort(token_ids=first, experts=(2, 2, 8)),
+        Abort(token_ids=[], experts=None),
+        Reply(token_ids=second, experts=(2, 2, 8)),
+    ]
     async with ScriptedVLLM(tok, script=script) as a:
         async with _pool(a) as pool:
             gen = await pool.generate("s", _req(max_tokens=40))

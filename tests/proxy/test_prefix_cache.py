@@ -18,8 +18,12 @@ def _encode(tok):
 
 
 def _render(tok, user: str) -> str:
-    return tok.apply_chat_template([{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": user}],
-                                   tools=OPENAI_TOOLS, tokenize=False, add_generation_prompt=True)
+    return tok.apply_chat_template(
+        [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": user}],
+        tools=OPENAI_TOOLS,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
 
 
 def test_second_prompt_with_the_same_header_is_a_hit_and_exact(tok):
@@ -43,12 +47,21 @@ def test_a_tokenizer_that_merges_across_the_boundary_is_never_split():
 
 def test_short_headers_are_not_cached_and_old_ones_are_evicted(tok):
     cache = PrefixCache(tok.eos_token, max_entries=2)
-    short = tok.apply_chat_template([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
-                                    tokenize=False, add_generation_prompt=True)
+    short = tok.apply_chat_template(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     cache.encode(short, _encode(tok))
     assert (cache.misses, cache.hits) == (0, 0)
-    texts = [tok.apply_chat_template([{"role": "system", "content": f"{i} " + LONG_SYSTEM}, {"role": "user", "content": "q"}],
-                                     tokenize=False, add_generation_prompt=True) for i in range(3)]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "system", "content": f"{i} " + LONG_SYSTEM}, {"role": "user", "content": "q"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(3)
+    ]
     for t in texts:
         cache.encode(t, _encode(tok))
     cache.encode(texts[2], _encode(tok))  # still cached
@@ -57,13 +70,18 @@ def test_short_headers_are_not_cached_and_old_ones_are_evicted(tok):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.sampled_from(["<|im_end|>", "<|im_start|>", "\n", " x", "é", "<think>", "ab", "  "]), max_size=12)
-       .map("".join))
+@given(
+    st.lists(
+        st.sampled_from(["<|im_end|>", "<|im_start|>", "\n", " x", "é", "<think>", "ab", "  "]), max_size=12
+    ).map("".join)
+)
 def test_any_text_after_a_known_header_encodes_exactly(tok, rest):
     cache = PrefixCache(tok.eos_token)
     header = "<|im_start|>system\n" + LONG_SYSTEM + "<|im_end|>"
     cache.encode(header + "\n", _encode(tok))
-    assert cache.encode(header + rest, _encode(tok)).tolist() == tok.encode(header + rest, add_special_tokens=False)
+    assert cache.encode(header + rest, _encode(tok)).tolist() == tok.encode(
+        header + rest, add_special_tokens=False
+    )
 
 
 def test_sessions_share_the_cache_through_their_trackers(tok):

@@ -29,7 +29,10 @@ def _check_trajectory(srv, session_id, dbl, tok):
     expected = tok.encode(THINK_THEN_CALL, add_special_tokens=False) + eos
     expected += tok.encode("There are two files.", add_special_tokens=False) + eos
     assert generated == expected
-    assert seg.response_ids[: traj.turns[0].completion_tokens].tolist() == expected[: traj.turns[0].completion_tokens]
+    assert (
+        seg.response_ids[: traj.turns[0].completion_tokens].tolist()
+        == expected[: traj.turns[0].completion_tokens]
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -39,8 +42,13 @@ async def test_anthropic_sdk_tool_round_trip(tok, stream):
             h = srv.open_session()
             client = anthropic.AsyncAnthropic(base_url=h.anthropic_base_url, api_key="dummy", max_retries=0)
             messages = [{"role": "user", "content": "What files are here?"}]
-            kwargs = dict(model="claude-test", max_tokens=200, system="You are a coding agent.", tools=ANTHROPIC_TOOLS,
-                          thinking={"type": "enabled", "budget_tokens": 100})
+            kwargs = dict(
+                model="claude-test",
+                max_tokens=200,
+                system="You are a coding agent.",
+                tools=ANTHROPIC_TOOLS,
+                thinking={"type": "enabled", "budget_tokens": 100},
+            )
 
             async def ask(msgs):
                 if not stream:
@@ -54,8 +62,13 @@ async def test_anthropic_sdk_tool_round_trip(tok, stream):
             call = first.content[1]
             assert (call.name, call.input, first.stop_reason) == ("Bash", {"command": "ls"}, "tool_use")
             assert call.id.startswith("toolu_")
-            messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "a.txt b.txt"}]}]
+            messages += [
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "a.txt b.txt"}],
+                },
+            ]
             second = await ask(messages)
             assert second.content[0].text == "There are two files." and second.stop_reason == "end_turn"
             assert second.usage.input_tokens == len(dbl.requests[1]["prompt"])
@@ -69,14 +82,20 @@ async def test_openai_sdk_tool_round_trip(tok, stream):
         async with proxy_server(tok, dbl.url) as srv:
             h = srv.open_session()
             client = openai.AsyncOpenAI(base_url=h.openai_base_url, api_key="dummy", max_retries=0)
-            messages = [{"role": "system", "content": "You are a coding agent."},
-                        {"role": "user", "content": "What files are here?"}]
+            messages = [
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "What files are here?"},
+            ]
 
             async def ask(msgs):
                 if not stream:
-                    r = await client.chat.completions.create(model="gpt-test", messages=msgs, tools=OPENAI_TOOLS)
+                    r = await client.chat.completions.create(
+                        model="gpt-test", messages=msgs, tools=OPENAI_TOOLS
+                    )
                     return r.choices[0].message, r.choices[0].finish_reason
-                async with client.chat.completions.stream(model="gpt-test", messages=msgs, tools=OPENAI_TOOLS) as s:
+                async with client.chat.completions.stream(
+                    model="gpt-test", messages=msgs, tools=OPENAI_TOOLS
+                ) as s:
                     final = await s.get_final_completion()
                 return final.choices[0].message, final.choices[0].finish_reason
 
@@ -85,8 +104,10 @@ async def test_openai_sdk_tool_round_trip(tok, stream):
             (call,) = msg.tool_calls
             assert call.function.name == "Bash" and call.function.arguments == '{"command": "ls"}'
             assert msg.model_extra.get("reasoning_content") == "I should list the files."
-            messages += [msg.model_dump(exclude_none=True),
-                         {"role": "tool", "tool_call_id": call.id, "content": "a.txt b.txt"}]
+            messages += [
+                msg.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "a.txt b.txt"},
+            ]
             msg2, finish2 = await ask(messages)
             assert (msg2.content, finish2) == ("There are two files.", "stop")
             _check_trajectory(srv, h.session_id, dbl, tok)
@@ -98,7 +119,9 @@ async def test_anthropic_sdk_error_shapes(tok):
         h = srv.open_session()
         client = anthropic.AsyncAnthropic(base_url=h.anthropic_base_url, api_key="dummy", max_retries=0)
         with pytest.raises(anthropic.BadRequestError, match="prompt is too long"):
-            await client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "x " * 50}])
+            await client.messages.create(
+                model="m", max_tokens=10, messages=[{"role": "user", "content": "x " * 50}]
+            )
         bad = anthropic.AsyncAnthropic(base_url=h.anthropic_base_url + "x", api_key="dummy", max_retries=0)
         with pytest.raises(anthropic.NotFoundError):
             await bad.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}])

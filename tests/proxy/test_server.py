@@ -21,19 +21,26 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def _events(raw: str) -> list[str]:
-    return [line[len("event: "):] for line in raw.splitlines() if line.startswith("event: ")]
+    return [line[len("event: ") :] for line in raw.splitlines() if line.startswith("event: ")]
 
 
 async def test_management_api_roundtrip(tok):
     async with ScriptedVLLM(tok, script=[Reply("hello")]) as dbl, proxy_server(tok, dbl.url) as srv:
         async with aiohttp.ClientSession() as http:
-            r = await http.post(f"{srv.base_url}/sessions", json={
-                "sampling": {"temperature": 0.5, "max_tokens": 20}, "max_context_tokens": 3000,
-                "metadata": {"trial_id": "t-1"}})
+            r = await http.post(
+                f"{srv.base_url}/sessions",
+                json={
+                    "sampling": {"temperature": 0.5, "max_tokens": 20},
+                    "max_context_tokens": 3000,
+                    "metadata": {"trial_id": "t-1"},
+                },
+            )
             h = await r.json()
             assert h["anthropic_base_url"].startswith(f"{srv.base_url}/s/{h['session_id']}/")
             assert h["openai_base_url"] == h["anthropic_base_url"] + "/v1"
-            r = await http.post(h["anthropic_base_url"] + "/v1/messages?beta=true", json=MSG, headers=ANTHROPIC)
+            r = await http.post(
+                h["anthropic_base_url"] + "/v1/messages?beta=true", json=MSG, headers=ANTHROPIC
+            )
             assert r.status == 200 and (await r.json())["content"][0]["text"] == "hello"
             assert dbl.requests[0]["temperature"] == 0.5 and dbl.requests[0]["max_tokens"] == 20
             stats = await (await http.get(f"{srv.base_url}/sessions/{h['session_id']}")).json()
@@ -56,7 +63,9 @@ async def test_close_json_summary(tok):
         h = srv.open_session()
         async with aiohttp.ClientSession() as http:
             await http.post(h.openai_base_url + "/chat/completions", json=CHAT)
-            summary = await (await http.post(f"{srv.base_url}/sessions/{h.session_id}/close?format=json")).json()
+            summary = await (
+                await http.post(f"{srv.base_url}/sessions/{h.session_id}/close?format=json")
+            ).json()
     assert summary["counters"]["turns"] == 1 and summary["segments"][0]["kind"] == "main"
     assert summary["segments"][0]["generated_tokens"] == summary["turns"][0]["completion_tokens"]
 
@@ -77,7 +86,10 @@ async def test_wrong_secret_and_unknown_routes_are_404_in_protocol_shape(tok):
             assert (await r.json())["data"][0]["id"] == "scripted"
             r = await http.get(h.anthropic_base_url + "/v1/models", headers=ANTHROPIC)
             assert (await r.json())["data"][0]["type"] == "model"
-        assert srv.session_stats(h.session_id)["turns"] == 0 and srv.session_stats(other.session_id)["turns"] == 0
+        assert (
+            srv.session_stats(h.session_id)["turns"] == 0
+            and srv.session_stats(other.session_id)["turns"] == 0
+        )
     assert dbl.requests == []
 
 
@@ -89,7 +101,11 @@ async def test_body_limits_and_malformed_json(tok):
             big = dict(MSG, messages=[{"role": "user", "content": "x" * 2000}])
             r = await http.post(h.anthropic_base_url + "/v1/messages", json=big, headers=ANTHROPIC)
             assert r.status == 413 and (await r.json())["error"]["type"] == "request_too_large"
-            r = await http.post(h.openai_base_url + "/chat/completions", data=b"{not json", headers={"Content-Type": "application/json"})
+            r = await http.post(
+                h.openai_base_url + "/chat/completions",
+                data=b"{not json",
+                headers={"Content-Type": "application/json"},
+            )
             assert r.status == 400 and (await r.json())["error"]["type"] == "invalid_request_error"
 
 
@@ -97,27 +113,36 @@ async def test_count_tokens_matches_the_prompt_sent(tok):
     async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
         h = srv.open_session()
         async with aiohttp.ClientSession() as http:
-            r = await http.post(h.anthropic_base_url + "/v1/messages/count_tokens",
-                                json={"model": "m", "messages": MSG["messages"]}, headers=ANTHROPIC)
+            r = await http.post(
+                h.anthropic_base_url + "/v1/messages/count_tokens",
+                json={"model": "m", "messages": MSG["messages"]},
+                headers=ANTHROPIC,
+            )
             n = (await r.json())["input_tokens"]
             await http.post(h.anthropic_base_url + "/v1/messages", json=MSG, headers=ANTHROPIC)
     assert n == len(dbl.requests[0]["prompt"])
 
 
 async def test_streaming_sends_keepalives_while_generating(tok):
-    async with ScriptedVLLM(tok, default=Reply("slow answer", delay_s=1.0)) as dbl, proxy_server(tok, dbl.url) as srv:
+    async with (
+        ScriptedVLLM(tok, default=Reply("slow answer", delay_s=1.0)) as dbl,
+        proxy_server(tok, dbl.url) as srv,
+    ):
         h = srv.open_session()
         async with aiohttp.ClientSession() as http:
-            r = await http.post(h.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC)
+            r = await http.post(
+                h.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC
+            )
             events = _events(await r.text())
             r = await http.post(h.openai_base_url + "/chat/completions", json=dict(CHAT, stream=True))
             raw = await r.text()
     assert events[0] == "ping" and events.count("ping") >= 2
-    assert events[events.index("message_start"):][-1] == "message_stop"
+    assert events[events.index("message_start") :][-1] == "message_stop"
     assert raw.startswith(": keep-alive\n\n") and raw.rstrip().endswith("data: [DONE]")
     text = "".join(
         json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-        for line in raw.splitlines() if line.startswith("data: {") and json.loads(line[6:])["choices"]
+        for line in raw.splitlines()
+        if line.startswith("data: {") and json.loads(line[6:])["choices"]
     )
     assert text == "slow answer"
 
@@ -135,7 +160,9 @@ async def test_stream_errors_keep_status_when_fast_and_become_events_when_late(t
                 assert srv.session_stats(h.session_id)["overlong"]
                 # Late failure (the only replica answers 500 after the stream began): an error event.
                 ok = srv.open_session(SessionConfig(model="scripted"))  # limit learned from /v1/models
-                r = await http.post(ok.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC)
+                r = await http.post(
+                    ok.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC
+                )
                 raw = await r.text()
                 assert r.status == 200 and _events(raw)[0] == "ping" and _events(raw)[-1] == "error"
                 assert '"overloaded_error"' in raw
@@ -153,7 +180,10 @@ async def test_sessions_are_isolated_and_checkpointed(tok):
         b = srv.open_session(SessionConfig(model="scripted", checkpoint=sink))
         async with aiohttp.ClientSession() as http:
             await http.post(a.openai_base_url + "/chat/completions", json=CHAT)
-            await http.post(b.openai_base_url + "/chat/completions", json=dict(CHAT, messages=[{"role": "user", "content": "other"}]))
+            await http.post(
+                b.openai_base_url + "/chat/completions",
+                json=dict(CHAT, messages=[{"role": "user", "content": "other"}]),
+            )
             await http.post(a.openai_base_url + "/chat/completions", json=CHAT)
         ta = await srv.close_session(a.session_id)
         assert srv.session(b.session_id).trajectory.counters.turns == 1
@@ -164,12 +194,18 @@ async def test_sessions_are_isolated_and_checkpointed(tok):
 
 
 async def test_concurrent_requests_in_one_session_are_serialised(tok):
-    async with ScriptedVLLM(tok, default=Reply("slow", delay_s=0.3)) as dbl, proxy_server(tok, dbl.url) as srv:
+    async with (
+        ScriptedVLLM(tok, default=Reply("slow", delay_s=0.3)) as dbl,
+        proxy_server(tok, dbl.url) as srv,
+    ):
         h = srv.open_session()
         async with aiohttp.ClientSession() as http:
+
             async def ask(text):
-                r = await http.post(h.openai_base_url + "/chat/completions",
-                                    json=dict(CHAT, messages=[{"role": "user", "content": text}]))
+                r = await http.post(
+                    h.openai_base_url + "/chat/completions",
+                    json=dict(CHAT, messages=[{"role": "user", "content": text}]),
+                )
                 return r.status
 
             assert await asyncio.gather(ask("a"), ask("b"), ask("c")) == [200, 200, 200]
@@ -184,18 +220,26 @@ async def test_ignored_fields_logged_once_per_session(tok, caplog):
         h = srv.open_session()
         async with aiohttp.ClientSession() as http:
             for _ in range(2):
-                r = await http.post(h.anthropic_base_url + "/v1/messages", headers=ANTHROPIC,
-                                    json=dict(MSG, metadata={"user_id": "u"}, context_management={"edits": []}))
+                r = await http.post(
+                    h.anthropic_base_url + "/v1/messages",
+                    headers=ANTHROPIC,
+                    json=dict(MSG, metadata={"user_id": "u"}, context_management={"edits": []}),
+                )
                 assert r.status == 200
     lines = [r.getMessage() for r in caplog.records if "ignoring request fields" in r.getMessage()]
     assert len(lines) == 1 and "context_management" in lines[0]
 
 
 async def test_client_leaving_mid_stream_does_not_lose_the_turn(tok):
-    async with ScriptedVLLM(tok, default=Reply("late", delay_s=0.6)) as dbl, proxy_server(tok, dbl.url) as srv:
+    async with (
+        ScriptedVLLM(tok, default=Reply("late", delay_s=0.6)) as dbl,
+        proxy_server(tok, dbl.url) as srv,
+    ):
         h = srv.open_session()
         async with aiohttp.ClientSession() as http:
-            r = await http.post(h.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC)
+            r = await http.post(
+                h.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC
+            )
             await r.content.readline()  # the first keep-alive ping arrived; now hang up
             r.close()
         await asyncio.sleep(1.0)
@@ -206,8 +250,10 @@ async def test_client_leaving_mid_stream_does_not_lose_the_turn(tok):
 async def test_weight_sync_mid_turn_widens_the_policy_version_range(tok):
     """A turn generating while the trainer syncs weights (version 3 -> 4) records both versions;
     the next turn records only 4; new sessions start from 4; bad bodies are 400s."""
-    async with ScriptedVLLM(tok, script=[Reply("first", delay_s=1.0), Reply("second")]) as dbl, \
-            proxy_server(tok, dbl.url) as srv:
+    async with (
+        ScriptedVLLM(tok, script=[Reply("first", delay_s=1.0), Reply("second")]) as dbl,
+        proxy_server(tok, dbl.url) as srv,
+    ):
         h = srv.open_session(SessionConfig(policy_version=3))
         async with aiohttp.ClientSession() as http:
             turn = asyncio.create_task(http.post(h.openai_base_url + "/chat/completions", json=CHAT))
@@ -242,16 +288,33 @@ async def test_replicas_join_and_leave_over_the_management_api(tok):
             slow = Reply("slow", delay_s=1.0)
             first.script.append(slow)
             b = srv.open_session()
-            busy = asyncio.create_task(http.post(a.openai_base_url + "/chat/completions", json={
-                **CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "ok"},
-                                     {"role": "user", "content": "more"}]}))
+            busy = asyncio.create_task(
+                http.post(
+                    a.openai_base_url + "/chat/completions",
+                    json={
+                        **CHAT,
+                        "messages": [
+                            *CHAT["messages"],
+                            {"role": "assistant", "content": "ok"},
+                            {"role": "user", "content": "more"},
+                        ],
+                    },
+                )
+            )
             while not first.requests[1:]:
                 await asyncio.sleep(0.02)
             assert (await http.post(b.openai_base_url + "/chat/completions", json=CHAT)).status == 200
             assert len(second.requests) == 1
             assert (await busy).status == 200
-            for bad in ({}, {"add": "http://x:1"}, {"add": ["ftp://x"]}, {"add": ["http://x:1/v1"]},
-                        {"remove": [3]}, {"drop": []}, [first.url]):
+            for bad in (
+                {},
+                {"add": "http://x:1"},
+                {"add": ["ftp://x"]},
+                {"add": ["http://x:1/v1"]},
+                {"remove": [3]},
+                {"drop": []},
+                [first.url],
+            ):
                 assert (await http.post(mgmt, json=bad)).status == 400, bad
             assert len((await (await http.get(mgmt)).json())["replicas"]) == 2
             r = await http.post(mgmt, json={"remove": [first.url]})
@@ -266,7 +329,10 @@ async def test_lone_surrogates_are_a_400_not_a_failed_turn(tok):
         h = srv.open_session()
         body = b'{"model": "m", "stop": ["\\ud800"], "messages": [{"role": "user", "content": "hi"}]}'
         async with aiohttp.ClientSession() as http:
-            r = await http.post(h.openai_base_url + "/chat/completions", data=body,
-                                headers={"Content-Type": "application/json"})
+            r = await http.post(
+                h.openai_base_url + "/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
             assert r.status == 400 and "surrogate" in (await r.json())["error"]["message"]
         assert not dbl.requests and srv.session_stats(h.session_id)["turns"] == 0

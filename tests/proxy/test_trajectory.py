@@ -26,19 +26,30 @@ L, K = 2, 2  # layers, top_k of the fake MoE
 
 
 def rec(segment: int, finish: str = "stop", **kw) -> TurnRecord:
-    return TurnRecord(segment=segment, prompt_tokens=0, completion_tokens=0, env_tokens_added=0,
-                      finish_reason=finish, **kw)
+    return TurnRecord(
+        segment=segment, prompt_tokens=0, completion_tokens=0, env_tokens_added=0, finish_reason=finish, **kw
+    )
 
 
 def opening(index: int, prompt: list[int], gen: list[int], *, experts=None, kind="main", **kw) -> TurnDelta:
-    return TurnDelta(record=rec(index, **kw), gen_ids=gen, gen_logprobs=[-0.5] * len(gen),
-                     new_segment=SegmentHeader(kind, False, f"key-{kind}", prompt), routed_experts=experts)
+    return TurnDelta(
+        record=rec(index, **kw),
+        gen_ids=gen,
+        gen_logprobs=[-0.5] * len(gen),
+        new_segment=SegmentHeader(kind, False, f"key-{kind}", prompt),
+        routed_experts=experts,
+    )
 
 
 def extending(index: int, env: list[int], gen: list[int], *, experts=None, version=None, **kw) -> TurnDelta:
-    return TurnDelta(record=rec(index, **kw), env_ids=env, gen_ids=gen,
-                     gen_logprobs=[-0.25 * (i + 1) for i in range(len(gen))], routed_experts=experts,
-                     policy_version=version)
+    return TurnDelta(
+        record=rec(index, **kw),
+        env_ids=env,
+        gen_ids=gen,
+        gen_logprobs=[-0.25 * (i + 1) for i in range(len(gen))],
+        routed_experts=experts,
+        policy_version=version,
+    )
 
 
 def experts(n: int, value: int) -> np.ndarray:
@@ -49,10 +60,27 @@ def same(a: Trajectory, b: Trajectory) -> None:
     assert (a.session_id, a.metadata, a.turns, a.counters) == (b.session_id, b.metadata, b.turns, b.counters)
     assert len(a.segments) == len(b.segments)
     for x, y in zip(a.segments, b.segments):
-        assert (x.kind, x.rewritten, x.system_key, x.prompt_ids, x.response_ids, x.response_mask,
-                x.response_logprobs, x.policy_version_min, x.policy_version_max) == (
-            y.kind, y.rewritten, y.system_key, y.prompt_ids, y.response_ids, y.response_mask,
-            y.response_logprobs, y.policy_version_min, y.policy_version_max)
+        assert (
+            x.kind,
+            x.rewritten,
+            x.system_key,
+            x.prompt_ids,
+            x.response_ids,
+            x.response_mask,
+            x.response_logprobs,
+            x.policy_version_min,
+            x.policy_version_max,
+        ) == (
+            y.kind,
+            y.rewritten,
+            y.system_key,
+            y.prompt_ids,
+            y.response_ids,
+            y.response_mask,
+            y.response_logprobs,
+            y.policy_version_min,
+            y.policy_version_max,
+        )
         if x.routed_experts is None:
             assert y.routed_experts is None
         else:
@@ -61,6 +89,7 @@ def same(a: Trajectory, b: Trajectory) -> None:
 
 
 # ------------------------------------------------------------------ fold
+
 
 def test_fold_appends_env_then_generation_with_mask_and_logprobs():
     t = Trajectory("s")
@@ -83,7 +112,14 @@ def test_fold_appends_env_then_generation_with_mask_and_logprobs():
 
 def test_logprobs_are_stored_as_float32():
     t = Trajectory("s")
-    t.apply(TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=[-0.1], new_segment=SegmentHeader("main", False, "k", [0])))
+    t.apply(
+        TurnDelta(
+            record=rec(0),
+            gen_ids=[1],
+            gen_logprobs=[-0.1],
+            new_segment=SegmentHeader("main", False, "k", [0]),
+        )
+    )
     assert t.segments[0].response_logprobs.tolist() == [float(np.float32(-0.1))]
 
 
@@ -92,8 +128,10 @@ def test_tokens_are_packed_typed_arrays_and_full_ids_a_plain_list():
     t.apply(opening(0, (1, 2), [151643], experts=None))
     t.apply(extending(0, np.array([2**31 - 1], dtype=np.int64), [3]))  # numpy input is accepted too
     seg = t.segments[0]
-    codes = [(a.typecode, a.itemsize) for a in (seg.prompt_ids, seg.response_ids, seg.response_mask,
-                                                  seg.response_logprobs)]
+    codes = [
+        (a.typecode, a.itemsize)
+        for a in (seg.prompt_ids, seg.response_ids, seg.response_mask, seg.response_logprobs)
+    ]
     assert codes == [("i", 4), ("i", 4), ("b", 1), ("f", 4)]
     full = seg.full_ids
     assert type(full) is list and all(type(x) is int for x in full) and full == [1, 2, 151643, 2**31 - 1, 3]
@@ -105,15 +143,23 @@ def test_tokens_are_packed_typed_arrays_and_full_ids_a_plain_list():
     assert len(seg) == 5 and seg.response_ids[-1] == 3 and seg.response_ids[1:2].tolist() == [2**31 - 1]
 
 
-@pytest.mark.parametrize("delta", [
-    TurnDelta(record=rec(0), env_ids=[2**31], gen_ids=[1], gen_logprobs=[0.0]),
-    TurnDelta(record=rec(0), gen_ids=[-(2**31) - 1], gen_logprobs=[0.0]),
-    TurnDelta(record=rec(0), gen_ids=np.array([2**40]), gen_logprobs=[0.0]),
-    TurnDelta(record=rec(0), gen_ids=np.array([1.5]), gen_logprobs=[0.0]),
-    TurnDelta(record=rec(0), gen_ids=["7"], gen_logprobs=[0.0]),
-    TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=["x"]),
-    TurnDelta(record=rec(1), gen_ids=[1], gen_logprobs=[0.0], new_segment=SegmentHeader("side", False, "k", [2**32])),
-])
+@pytest.mark.parametrize(
+    "delta",
+    [
+        TurnDelta(record=rec(0), env_ids=[2**31], gen_ids=[1], gen_logprobs=[0.0]),
+        TurnDelta(record=rec(0), gen_ids=[-(2**31) - 1], gen_logprobs=[0.0]),
+        TurnDelta(record=rec(0), gen_ids=np.array([2**40]), gen_logprobs=[0.0]),
+        TurnDelta(record=rec(0), gen_ids=np.array([1.5]), gen_logprobs=[0.0]),
+        TurnDelta(record=rec(0), gen_ids=["7"], gen_logprobs=[0.0]),
+        TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=["x"]),
+        TurnDelta(
+            record=rec(1),
+            gen_ids=[1],
+            gen_logprobs=[0.0],
+            new_segment=SegmentHeader("side", False, "k", [2**32]),
+        ),
+    ],
+)
 def test_ids_outside_int32_or_non_numbers_are_rejected_before_any_change(delta):
     t = Trajectory("s")
     t.apply(opening(0, [1, 2], [3]))
@@ -123,16 +169,28 @@ def test_ids_outside_int32_or_non_numbers_are_rejected_before_any_change(delta):
     same(t, before)
 
 
-@pytest.mark.parametrize("bad", [
-    TurnDelta(record=rec(1), gen_ids=[1], gen_logprobs=[0.0]),  # unknown segment
-    TurnDelta(record=rec(0), gen_ids=[1, 2], gen_logprobs=[0.0]),  # logprobs length
-    TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=[0.0], new_segment=SegmentHeader("side", False, "k", [1])),
-    TurnDelta(record=rec(1), gen_ids=[1], gen_logprobs=[0.0], env_ids=[3],
-              new_segment=SegmentHeader("side", False, "k", [1])),  # env on a new segment
-    TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=[0.0], routed_experts=experts(2, 1)),  # rows
-    TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=[0.0], routed_experts=np.zeros((4, 3, 2), np.int32)),
-    TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=[0.0], routed_experts=experts(4, -2)),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        TurnDelta(record=rec(1), gen_ids=[1], gen_logprobs=[0.0]),  # unknown segment
+        TurnDelta(record=rec(0), gen_ids=[1, 2], gen_logprobs=[0.0]),  # logprobs length
+        TurnDelta(
+            record=rec(0), gen_ids=[1], gen_logprobs=[0.0], new_segment=SegmentHeader("side", False, "k", [1])
+        ),
+        TurnDelta(
+            record=rec(1),
+            gen_ids=[1],
+            gen_logprobs=[0.0],
+            env_ids=[3],
+            new_segment=SegmentHeader("side", False, "k", [1]),
+        ),  # env on a new segment
+        TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=[0.0], routed_experts=experts(2, 1)),  # rows
+        TurnDelta(
+            record=rec(0), gen_ids=[1], gen_logprobs=[0.0], routed_experts=np.zeros((4, 3, 2), np.int32)
+        ),
+        TurnDelta(record=rec(0), gen_ids=[1], gen_logprobs=[0.0], routed_experts=experts(4, -2)),
+    ],
+)
 def test_rejected_delta_leaves_trajectory_unchanged(bad):
     t = Trajectory("s")
     t.apply(opening(0, [1, 2], [3], experts=experts(2, 1)))
@@ -143,6 +201,7 @@ def test_rejected_delta_leaves_trajectory_unchanged(bad):
 
 
 # ------------------------------------------------------------------ routed experts
+
 
 def test_experts_aligned_per_token_with_sentinel_for_last():
     t = Trajectory("s")
@@ -180,6 +239,7 @@ def test_dense_segments_have_no_experts():
 
 
 # ------------------------------------------------------------------ serialization
+
 
 def build() -> Trajectory:
     t = Trajectory("sess-1", metadata={"task": "hello", "attempt": 1})
@@ -275,14 +335,32 @@ def format1_steps() -> list[TurnDelta]:
     delta{i}.npz = delta after turn i (metadata["turn"] = i), full.npz = to_bytes() after a
     final note_overlong(). Ids include a real vocabulary's largest ones (151643, 151668)."""
     return [
-        TurnDelta(record=rec(0, tool_calls=1, replica="r0", latency_s=0.5), gen_ids=[4, 151643],
-                  gen_logprobs=[-0.1, -2.5e-7], new_segment=SegmentHeader("main", False, "key-main", [1, 2, 3]),
-                  routed_experts=experts(4, 1), policy_version=2),
-        TurnDelta(record=rec(1), gen_ids=[8], gen_logprobs=[-1.25],
-                  new_segment=SegmentHeader("side", True, "key-side", [9, 9])),
-        TurnDelta(record=rec(0, parse_failures=1), env_ids=[6, 151668], gen_ids=[7, 2], gen_logprobs=[-0.3333, -17.0],
-                  routed_experts=experts(8, 300), policy_version=3, policy_version_end=4),
-        TurnDelta(record=rec(1, finish="length", overlong=True), env_ids=[5], gen_ids=[6], gen_logprobs=[-3.0e-3]),
+        TurnDelta(
+            record=rec(0, tool_calls=1, replica="r0", latency_s=0.5),
+            gen_ids=[4, 151643],
+            gen_logprobs=[-0.1, -2.5e-7],
+            new_segment=SegmentHeader("main", False, "key-main", [1, 2, 3]),
+            routed_experts=experts(4, 1),
+            policy_version=2,
+        ),
+        TurnDelta(
+            record=rec(1),
+            gen_ids=[8],
+            gen_logprobs=[-1.25],
+            new_segment=SegmentHeader("side", True, "key-side", [9, 9]),
+        ),
+        TurnDelta(
+            record=rec(0, parse_failures=1),
+            env_ids=[6, 151668],
+            gen_ids=[7, 2],
+            gen_logprobs=[-0.3333, -17.0],
+            routed_experts=experts(8, 300),
+            policy_version=3,
+            policy_version_end=4,
+        ),
+        TurnDelta(
+            record=rec(1, finish="length", overlong=True), env_ids=[5], gen_ids=[6], gen_logprobs=[-3.0e-3]
+        ),
     ]
 
 
@@ -350,7 +428,11 @@ def test_any_checkpoint_schedule_rebuilds_the_trajectory(turns):
             delta_kw = {"env_ids": env}
         ex = None if top is None else rng.integers(0, top, size=(n_after - 1, L, K))
         idx = min(choice, n_segs)
-        t.apply(TurnDelta(record=rec(idx), gen_ids=gen, gen_logprobs=[-1.0] * len(gen), routed_experts=ex, **delta_kw))
+        t.apply(
+            TurnDelta(
+                record=rec(idx), gen_ids=gen, gen_logprobs=[-1.0] * len(gen), routed_experts=ex, **delta_kw
+            )
+        )
         if cut:
             chunks.append(t.delta_since(mark))
             mark = t.mark()

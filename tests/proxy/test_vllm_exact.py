@@ -31,10 +31,14 @@ SAMPLING = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=1234)
 @pytest.fixture
 async def proxy_and_raw(vllm_url, vllm_model_name, tiny_model_dir):
     raw: list[dict] = []
-    pool = ReplicaPool([vllm_url], client_factory=lambda u: VLLMClient(u, on_response=raw.append),
-                       health_interval_s=None)
-    srv = ProxyServer(tokenizer=load_tokenizer(tiny_model_dir), pool=pool,
-                      defaults=SessionConfig(model=vllm_model_name, sampling=SAMPLING))
+    pool = ReplicaPool(
+        [vllm_url], client_factory=lambda u: VLLMClient(u, on_response=raw.append), health_interval_s=None
+    )
+    srv = ProxyServer(
+        tokenizer=load_tokenizer(tiny_model_dir),
+        pool=pool,
+        defaults=SessionConfig(model=vllm_model_name, sampling=SAMPLING),
+    )
     async with srv:
         yield srv, raw
 
@@ -48,15 +52,15 @@ def _check_exact(srv, session_id, raw):
         seg = traj.segments[rec.segment]
         full = seg.full_ids
         prompt = full[: rec.prompt_tokens]
-        gen = full[rec.prompt_tokens: rec.prompt_tokens + rec.completion_tokens]
+        gen = full[rec.prompt_tokens : rec.prompt_tokens + rec.completion_tokens]
         assert choice["prompt_token_ids"] == prompt
         assert choice["token_ids"] == gen and len(gen) == rec.completion_tokens
         start = rec.prompt_tokens - len(seg.prompt_ids)  # this turn's offset in response_ids
         expected = np.asarray(choice["logprobs"]["token_logprobs"], dtype=np.float32).tolist()
-        assert seg.response_logprobs[start: start + len(gen)].tolist() == expected
+        assert seg.response_logprobs[start : start + len(gen)].tolist() == expected
         # The environment tokens before this turn are mask 0, the generated ones mask 1.
-        assert seg.response_mask[start - rec.env_tokens_added: start].tolist() == [0] * rec.env_tokens_added
-        assert seg.response_mask[start: start + len(gen)].tolist() == [1] * len(gen)
+        assert seg.response_mask[start - rec.env_tokens_added : start].tolist() == [0] * rec.env_tokens_added
+        assert seg.response_mask[start : start + len(gen)].tolist() == [1] * len(gen)
         if prev_full is not None:
             assert prompt[: len(prev_full)] == prev_full  # turn N+1 extends turn N's full sequence
         prev_full = prompt + gen
@@ -86,8 +90,9 @@ async def test_anthropic_sdk_streaming_multi_turn_is_token_exact(proxy_and_raw):
     messages: list[dict] = []
     for i in range(TURNS):
         messages.append({"role": "user", "content": f"Say something, round {i}."})
-        async with client.messages.stream(model="tiny", max_tokens=MAX_TOKENS, system="You are terse.",
-                                          messages=messages) as s:
+        async with client.messages.stream(
+            model="tiny", max_tokens=MAX_TOKENS, system="You are terse.", messages=messages
+        ) as s:
             final = await s.get_final_message()
         content = [b.model_dump(exclude_none=True) for b in final.content] or ""
         messages.append({"role": "assistant", "content": content})

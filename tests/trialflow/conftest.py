@@ -1,13 +1,13 @@
 """Fixtures for trialflow's sandbox/verifier/scaffold tests (real Docker engine).
 
-    base_image      ensures `trialflow-base:bookworm` exists (debootstrap on first use)
-    make_backend    factory of DockerBackends, each with a label unique to it, so its `reap()`
-                    never touches containers of other sessions; at teardown it fails the test
-                    if any container of those labels is left behind (scoped, unlike the global
-                    `no_leaked_containers`, which other sessions sharing the engine can trip)
-    backend         `make_backend()`
-    sandbox_for     async factory: `await sandbox_for(task)` -> started sandbox, stopped at teardown
-    fixture_task    path of a task under tests/trialflow/fixtures/tasks
+base_image      ensures `trialflow-base:bookworm` exists (debootstrap on first use)
+make_backend    factory of DockerBackends, each with a label unique to it, so its `reap()`
+                never touches containers of other sessions; at teardown it fails the test
+                if any container of those labels is left behind (scoped, unlike the global
+                `no_leaked_containers`, which other sessions sharing the engine can trip)
+backend         `make_backend()`
+sandbox_for     async factory: `await sandbox_for(task)` -> started sandbox, stopped at teardown
+fixture_task    path of a task under tests/trialflow/fixtures/tasks
 """
 
 from __future__ import annotations

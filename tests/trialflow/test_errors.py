@@ -6,11 +6,21 @@ from trialflow import errors as E
 @pytest.mark.parametrize(
     ("cls", "retryable"),
     [
-        (E.TaskInvalid, False), (E.UnsupportedEnvironment, False), (E.ImageBuildFailed, False),
-        (E.ImageBuildTimeout, True), (E.ImageUnavailable, False), (E.BaseImageUnavailable, True), (E.SandboxStartFailed, True),
-        (E.SandboxLost, True), (E.SandboxPathNotFound, False), (E.VerifierTimeout, False),
-        (E.RewardMissing, False), (E.UnknownScaffold, False), (E.ScaffoldSetupFailed, True),
-        (E.StorageError, True), (E.ObjectNotFound, False),
+        (E.TaskInvalid, False),
+        (E.UnsupportedEnvironment, False),
+        (E.ImageBuildFailed, False),
+        (E.ImageBuildTimeout, True),
+        (E.ImageUnavailable, False),
+        (E.BaseImageUnavailable, True),
+        (E.SandboxStartFailed, True),
+        (E.SandboxLost, True),
+        (E.SandboxPathNotFound, False),
+        (E.VerifierTimeout, False),
+        (E.RewardMissing, False),
+        (E.UnknownScaffold, False),
+        (E.ScaffoldSetupFailed, True),
+        (E.StorageError, True),
+        (E.ObjectNotFound, False),
     ],
 )
 def test_retry_rule_per_type(cls, retryable):

@@ -5,15 +5,31 @@ from trialflow import sandbox, scaffolds
 
 def test_sandbox_exports():
     assert sorted(sandbox.__all__) == [
-        "DockerBackend", "DockerSandbox", "ExecResult", "ImageInfo", "LABEL_CREATED_AT", "LABEL_MANAGED",
-        "LABEL_TRIAL_ID", "Mount", "ReapReport", "Sandbox", "SandboxBackend", "reap_containers", "resolve_env",
+        "DockerBackend",
+        "DockerSandbox",
+        "ExecResult",
+        "ImageInfo",
+        "LABEL_CREATED_AT",
+        "LABEL_MANAGED",
+        "LABEL_TRIAL_ID",
+        "Mount",
+        "ReapReport",
+        "Sandbox",
+        "SandboxBackend",
+        "reap_containers",
+        "resolve_env",
     ]
     assert all(hasattr(sandbox, name) for name in sandbox.__all__)
 
 
 def test_scaffold_exports():
     assert sorted(scaffolds.__all__) == [
-        "Scaffold", "ScaffoldContext", "ScaffoldResult", "available_scaffolds", "get_scaffold",
-        "register_scaffold", "scaffold_class",
+        "Scaffold",
+        "ScaffoldContext",
+        "ScaffoldResult",
+        "available_scaffolds",
+        "get_scaffold",
+        "register_scaffold",
+        "scaffold_class",
     ]
     assert all(hasattr(scaffolds, name) for name in scaffolds.__all__)

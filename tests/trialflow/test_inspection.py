@@ -23,26 +23,45 @@ from workflows.shared import TrialError, TrialResult
 
 
 def _record(segment: int, prompt: int, completion: int, env: int, finish: str, **kw) -> TurnRecord:
-    return TurnRecord(segment=segment, prompt_tokens=prompt, completion_tokens=completion,
-                      env_tokens_added=env, finish_reason=finish, **kw)
+    return TurnRecord(
+        segment=segment,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        env_tokens_added=env,
+        finish_reason=finish,
+        **kw,
+    )
 
 
 def sample_trajectory() -> Trajectory:
     """Main segment: 2 turns (3 + 2 model tokens, 4 env tokens between); one side call."""
     traj = Trajectory(session_id="sess-1")
-    traj.apply(TurnDelta(
-        record=_record(0, 10, 3, 0, "tool_calls", replica="http://r1", latency_s=0.25, tool_calls=1),
-        gen_ids=[5, 6, 7], gen_logprobs=[-0.1] * 3,
-        new_segment=SegmentHeader("main", False, "sys-a", list(range(10))), policy_version=4,
-    ))
-    traj.apply(TurnDelta(
-        record=_record(0, 17, 2, 4, "stop", replica="http://r1", latency_s=0.5, parse_failures=1),
-        env_ids=[8, 9, 10, 11], gen_ids=[12, 13], gen_logprobs=[-0.2] * 2, policy_version=5,
-    ))
-    traj.apply(TurnDelta(
-        record=_record(1, 6, 1, 0, "length", replica="http://r2", latency_s=0.125, overlong=True),
-        gen_ids=[14], gen_logprobs=[-0.3], new_segment=SegmentHeader("side", False, "sys-b", [1] * 6),
-    ))
+    traj.apply(
+        TurnDelta(
+            record=_record(0, 10, 3, 0, "tool_calls", replica="http://r1", latency_s=0.25, tool_calls=1),
+            gen_ids=[5, 6, 7],
+            gen_logprobs=[-0.1] * 3,
+            new_segment=SegmentHeader("main", False, "sys-a", list(range(10))),
+            policy_version=4,
+        )
+    )
+    traj.apply(
+        TurnDelta(
+            record=_record(0, 17, 2, 4, "stop", replica="http://r1", latency_s=0.5, parse_failures=1),
+            env_ids=[8, 9, 10, 11],
+            gen_ids=[12, 13],
+            gen_logprobs=[-0.2] * 2,
+            policy_version=5,
+        )
+    )
+    traj.apply(
+        TurnDelta(
+            record=_record(1, 6, 1, 0, "length", replica="http://r2", latency_s=0.125, overlong=True),
+            gen_ids=[14],
+            gen_logprobs=[-0.3],
+            new_segment=SegmentHeader("side", False, "sys-b", [1] * 6),
+        )
+    )
     return Trajectory.from_bytes(traj.to_bytes())
 
 
@@ -71,9 +90,21 @@ def test_trajectory_view_shows_every_turn_and_segment():
     # turn, segment, kind, prompt, completion, env, finish, tool calls, parse fail, latency, replica
     assert _row(text, "1") == ["1", "0", "main", "10", "3", "0", "tool_calls", "1", "0", "0.25", "http://r1"]
     assert _row(text, "2") == ["2", "0", "main", "17", "2", "4", "stop", "0", "1", "0.50", "http://r1"]
-    assert _row(text, "3") == ["3", "1", "side", "6", "1", "0", "length (overlong)", "0", "0", "0.12", "http://r2"]
+    assert _row(text, "3") == [
+        "3",
+        "1",
+        "side",
+        "6",
+        "1",
+        "0",
+        "length (overlong)",
+        "0",
+        "0",
+        "0.12",
+        "http://r2",
+    ]
     # segment, kind, rewritten, prompt, response, model, env, policy version, experts
-    segments = text[text.index("segments"):]  # rows "1" of the turn table come first
+    segments = text[text.index("segments") :]  # rows "1" of the turn table come first
     assert _row(segments, "0")[:8] == ["0", "main", "", "10", "9", "5", "4", "4..5"]
     assert _row(segments, "1")[:7] == ["1", "side", "", "6", "1", "1", "0"]
     assert "counters: turns 3  tool calls 1  parse failures 1  overlong 1" in text
@@ -85,16 +116,31 @@ def test_empty_trajectory_renders_placeholder_rows():
 
 
 def _result(trial_id: str, batch_id: str = "b1", **kw) -> TrialResult:
-    base = {"trial_id": trial_id, "batch_id": batch_id, "task_name": "hello", "scaffold": "terminus",
-            "sample_index": 0, "termination_reason": "submitted", "attempts": 1, "reward": 1.0,
-            "reward_valid": True, "rewards": {"reward": 1.0}, "timings": {"setup": 1.5, "scaffold": 3.0}}
+    base = {
+        "trial_id": trial_id,
+        "batch_id": batch_id,
+        "task_name": "hello",
+        "scaffold": "terminus",
+        "sample_index": 0,
+        "termination_reason": "submitted",
+        "attempts": 1,
+        "reward": 1.0,
+        "reward_valid": True,
+        "rewards": {"reward": 1.0},
+        "timings": {"setup": 1.5, "scaffold": 3.0},
+    }
     return TrialResult(**{**base, **kw})
 
 
 def test_result_view_shows_termination_rewards_and_error():
-    result = _result("t1", termination_reason="max_turns", reward=0.0, reward_valid=False,
-                     reward_error="reward.txt missing", error=TrialError(
-                         type="ScaffoldExit", message="boom", phase="scaffold", attempt=2))
+    result = _result(
+        "t1",
+        termination_reason="max_turns",
+        reward=0.0,
+        reward_valid=False,
+        reward_error="reward.txt missing",
+        error=TrialError(type="ScaffoldExit", message="boom", phase="scaffold", attempt=2),
+    )
     text = render(result_view(result))
     assert "max_turns" in text and "0.000 (invalid)" in text and "reward.txt missing" in text
     assert "ScaffoldExit in scaffold (attempt 2): boom" in text and "setup 1.5  scaffold 3.0" in text
@@ -129,14 +175,17 @@ def test_report_command_writes_the_html_report(tmp_path, no_env):
     assert res.exit_code == 0, res.output
     html = out.read_text()
     assert html.startswith("<!DOCTYPE html>") and "batch b1" in html and "t1" in html and "t9" not in html
-    missing = CliRunner().invoke(app, ["report", "nope", "--out", str(out), "--store-dir", str(tmp_path / "store")])
+    missing = CliRunner().invoke(
+        app, ["report", "nope", "--out", str(out), "--store-dir", str(tmp_path / "store")]
+    )
     assert missing.exit_code == 1 and "no results stored" in missing.output
 
 
 def test_inspect_command_renders_the_stored_trajectory(tmp_path, no_env):
     _stored(tmp_path)
     res = CliRunner().invoke(
-        app, ["inspect", "t1", "--batch-id", "b1", "--store-dir", str(tmp_path / "store")],
+        app,
+        ["inspect", "t1", "--batch-id", "b1", "--store-dir", str(tmp_path / "store")],
         env={"COLUMNS": "200"},
     )
     assert res.exit_code == 0, res.output

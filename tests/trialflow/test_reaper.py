@@ -15,4 +15,6 @@ def test_age_falls_back_to_engine_timestamp_with_nanoseconds():
     attrs = {"Config": {"Labels": {LABEL_CREATED_AT: "garbage"}}, "Created": "2026-11-30T03:39:28.961197018Z"}
     want = datetime(2026, 11, 30, 3, 39, 28, 961197, tzinfo=UTC).timestamp()
     assert _created_at(attrs) == want
-    assert _created_at({"Config": {"Labels": None}, "Created": "2026-11-30T03:39:28Z"}) == pytest.approx(want - 0.961197)
+    assert _created_at({"Config": {"Labels": None}, "Created": "2026-11-30T03:39:28Z"}) == pytest.approx(
+        want - 0.961197
+    )

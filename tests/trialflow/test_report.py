@@ -45,10 +45,22 @@ def _parse(doc: str) -> _Balance:
     return p
 
 
-def _result(i: int, task: str, reward: float, valid: bool = True, termination: str = "submitted", **kw) -> TrialResult:
-    return TrialResult(trial_id=f"trial-b-{task}-{i}", batch_id="b", task_name=task, scaffold="oracle",
-                       sample_index=i, reward=reward, reward_valid=valid, termination_reason=termination,
-                       timings={"setup": 1.0 + i, "scaffold": 2.0 * (i + 1), "verify": 0.5}, turns=i, **kw)
+def _result(
+    i: int, task: str, reward: float, valid: bool = True, termination: str = "submitted", **kw
+) -> TrialResult:
+    return TrialResult(
+        trial_id=f"trial-b-{task}-{i}",
+        batch_id="b",
+        task_name=task,
+        scaffold="oracle",
+        sample_index=i,
+        reward=reward,
+        reward_valid=valid,
+        termination_reason=termination,
+        timings={"setup": 1.0 + i, "scaffold": 2.0 * (i + 1), "verify": 0.5},
+        turns=i,
+        **kw,
+    )
 
 
 def test_report_sections_numbers_and_well_formed_html():
@@ -56,14 +68,27 @@ def test_report_sections_numbers_and_well_formed_html():
         _result(0, "create-file", 1.0),
         _result(1, "create-file", 1.0),
         _result(2, "fix-bug", 0.0),
-        _result(3, "fix-bug", 0.0, valid=False, termination="verifier_error", reward_error="RewardMissing: no file"),
-        _result(4, "slow", 0.0, valid=False, termination="cancelled",
-                error=TrialError(type="StragglerCancelled", message="cut <b>late</b> & slow", phase="pending")),
+        _result(
+            3,
+            "fix-bug",
+            0.0,
+            valid=False,
+            termination="verifier_error",
+            reward_error="RewardMissing: no file",
+        ),
+        _result(
+            4,
+            "slow",
+            0.0,
+            valid=False,
+            termination="cancelled",
+            error=TrialError(type="StragglerCancelled", message="cut <b>late</b> & slow", phase="pending"),
+        ),
     ]
     doc = render_report(results, title="step 3", cancelled=["trial-b-slow-4"])
     p = _parse(doc)
     text = " ".join(p.text)
-    assert "script" not in p.tags and not re.search(r'(src|href)=', doc)
+    assert "script" not in p.tags and not re.search(r"(src|href)=", doc)
     assert p.tags.count("svg") == 2  # histogram + phase box plot
     assert "mean reward (valid)" in text and "0.667" in text  # (1 + 1 + 0) / 3 valid
     assert "StragglerCancelled (pending)" in text and "cancelled (cut)" in text
@@ -72,7 +97,10 @@ def test_report_sections_numbers_and_well_formed_html():
     assert "<b>late</b>" not in doc and "&lt;b&gt;late&lt;/b&gt; &amp; slow" in doc
     # phase table: setup over 5 trials has min 1.00 and max 5.00
     assert re.search(r"<td>setup</td><td class=\"num\">5</td><td class=\"num\">1.00</td>", doc)
-    assert re.search(r"<td>create-file</td><td class=\"num\">2</td><td class=\"num\">2</td><td class=\"num\">1.000</td>", doc)
+    assert re.search(
+        r"<td>create-file</td><td class=\"num\">2</td><td class=\"num\">2</td><td class=\"num\">1.000</td>",
+        doc,
+    )
 
 
 def test_histogram_bins_and_clipping():

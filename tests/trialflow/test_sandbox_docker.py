@@ -185,7 +185,9 @@ async def test_attach_stop_and_lost(backend, sandbox_for):
 
 
 async def test_attach_refuses_unmanaged_container(docker_client, backend, base_image):
-    c = docker_client.containers.create("trialflow-base:bookworm", ["true"], name=f"unmanaged-{uuid.uuid4().hex[:8]}")
+    c = docker_client.containers.create(
+        "trialflow-base:bookworm", ["true"], name=f"unmanaged-{uuid.uuid4().hex[:8]}"
+    )
     try:
         with pytest.raises(SandboxLost, match="not a trialflow sandbox"):
             await backend.attach(c.name)
@@ -215,8 +217,11 @@ async def test_build_timeout(backend):
 async def test_missing_prebuilt_image_is_unavailable(tmp_path, backend):
     from tests.trialflow.test_tasks import make_task
 
-    task = load_task(make_task(tmp_path / "pre", '[environment]\ndocker_image = "trialflow-nonexistent:1"\n',
-                               dockerfile=None))
+    task = load_task(
+        make_task(
+            tmp_path / "pre", '[environment]\ndocker_image = "trialflow-nonexistent:1"\n', dockerfile=None
+        )
+    )
     with pytest.raises(ImageUnavailable):
         await backend.ensure_image(task)
 
@@ -265,8 +270,10 @@ async def test_missing_base_image_is_made_once(tmp_path, docker_client, make_bac
         client.images.get("trialflow-base:bookworm").tag(base)
 
     be = make_backend(base_images={base: make_base, "broken-base:1": lambda c: 1 / 0})
-    tasks = [load_task(make_task(tmp_path / f"t{i}", dockerfile=f"FROM {base}\nRUN echo {i} > /n\n"))
-             for i in range(2)]
+    tasks = [
+        load_task(make_task(tmp_path / f"t{i}", dockerfile=f"FROM {base}\nRUN echo {i} > /n\n"))
+        for i in range(2)
+    ]
     try:
         infos = await asyncio.gather(*(be.ensure_image(t) for t in tasks))
         assert calls == [base] and all(i.built for i in infos)

@@ -21,8 +21,13 @@ def store(request, tmp_path) -> ResultStore:
     if request.param == "local":
         return LocalStore(tmp_path / "store")
     bucket = request.getfixturevalue("s3_endpoint")
-    return S3Store(bucket.endpoint_url, bucket.bucket, prefix=f"t-{uuid.uuid4().hex[:8]}",
-                   access_key="any", secret_key="any")
+    return S3Store(
+        bucket.endpoint_url,
+        bucket.bucket,
+        prefix=f"t-{uuid.uuid4().hex[:8]}",
+        access_key="any",
+        secret_key="any",
+    )
 
 
 def test_key_layout():
@@ -70,7 +75,9 @@ def test_invalid_keys(store, bad):
 
 
 def test_foreign_uri_is_rejected(store, tmp_path):
-    foreign = "s3://another-bucket/x" if isinstance(store, S3Store) else (tmp_path / "elsewhere" / "x").as_uri()
+    foreign = (
+        "s3://another-bucket/x" if isinstance(store, S3Store) else (tmp_path / "elsewhere" / "x").as_uri()
+    )
     with pytest.raises(ValueError, match="outside this store"):
         store.get_bytes(foreign)
 
@@ -104,10 +111,13 @@ def test_s3_unreachable_endpoint_is_retryable_storage_error():
 @pytest.mark.s3
 def test_s3_create_bucket_and_prefix_layout(s3_endpoint):
     bucket = f"tf-{uuid.uuid4().hex[:10]}"
-    store = S3Store(s3_endpoint.endpoint_url, bucket, prefix="/runs/", access_key="a", secret_key="b",
-                    create_bucket=True)
+    store = S3Store(
+        s3_endpoint.endpoint_url, bucket, prefix="/runs/", access_key="a", secret_key="b", create_bucket=True
+    )
     uri = store.put_bytes("x/y", b"1")
     assert uri == f"s3://{bucket}/runs/x/y"
     raw = s3_endpoint.client().get_object(Bucket=bucket, Key="runs/x/y")["Body"].read()
     assert raw == b"1"
-    S3Store(s3_endpoint.endpoint_url, bucket, access_key="a", secret_key="b", create_bucket=True)  # exists: fine
+    S3Store(
+        s3_endpoint.endpoint_url, bucket, access_key="a", secret_key="b", create_bucket=True
+    )  # exists: fine

@@ -13,13 +13,23 @@ from trialflow.errors import TaskInvalid, UnsupportedEnvironment
 from trialflow.tasks import hash_tree, load_task, parse_size_mb
 
 
-def make_task(root: Path, toml: str = 'version = "1.0"\n', *, instruction: str | None = "Do it.\n",
-              dockerfile: str | None = "FROM trialflow-base:bookworm\n", test_sh: str | None = "echo 1\n",
-              solve_sh: str | None = None) -> Path:
+def make_task(
+    root: Path,
+    toml: str = 'version = "1.0"\n',
+    *,
+    instruction: str | None = "Do it.\n",
+    dockerfile: str | None = "FROM trialflow-base:bookworm\n",
+    test_sh: str | None = "echo 1\n",
+    solve_sh: str | None = None,
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "task.toml").write_text(toml)
-    for rel, content in [("instruction.md", instruction), ("environment/Dockerfile", dockerfile),
-                         ("tests/test.sh", test_sh), ("solution/solve.sh", solve_sh)]:
+    for rel, content in [
+        ("instruction.md", instruction),
+        ("environment/Dockerfile", dockerfile),
+        ("tests/test.sh", test_sh),
+        ("solution/solve.sh", solve_sh),
+    ]:
         if content is not None:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(content)
@@ -31,19 +41,27 @@ def test_sample_tasks_load(name):
     task = load_task(EXAMPLES / name)
     assert task.name == name
     assert task.instruction.strip()
-    assert task.dockerfile is not None and task.dockerfile.read_text().startswith("FROM trialflow-base:bookworm")
+    assert task.dockerfile is not None and task.dockerfile.read_text().startswith(
+        "FROM trialflow-base:bookworm"
+    )
     assert task.solution_dir is not None and (task.solution_dir / "solve.sh").is_file()
     assert task.unknown_keys == ()
     assert task.image_tag == f"trialflow-task:{task.env_hash[:32]}"
 
 
 def test_at_least_six_samples():
-    assert {"create-file", "fix-bug", "multi-step", "reward-json", "verifier-timeout",
-            "verifier-error"} <= set(SAMPLE_TASKS)
+    assert {
+        "create-file",
+        "fix-bug",
+        "multi-step",
+        "reward-json",
+        "verifier-timeout",
+        "verifier-error",
+    } <= set(SAMPLE_TASKS)
 
 
 def test_full_harbor_config_is_read(tmp_path):
-    toml = '''
+    toml = """
 schema_version = "1.1"
 [task]
 name = "acme/full"
@@ -71,7 +89,7 @@ gpus = 0
 allow_internet = true
 [solution]
 env = { S = "2" }
-'''
+"""
     task = load_task(make_task(tmp_path / "full", toml, dockerfile=None))
     c = task.config
     assert c.version == "1.1" and c.task.name == "acme/full" and c.task.authors[0].email == "a@example.com"
@@ -80,7 +98,13 @@ env = { S = "2" }
     assert (c.agent.timeout_sec, c.agent.user) == (34.5, 1000)
     e = c.environment
     assert (e.build_timeout_sec, e.docker_image, e.cpus, e.memory_mb, e.storage_mb, e.workdir) == (
-        56.0, "img:1", 2.0, 2048, 512, "/srv")
+        56.0,
+        "img:1",
+        2.0,
+        2048,
+        512,
+        "/srv",
+    )
     assert c.solution.env == {"S": "2"}
     assert task.dockerfile is None and task.image_tag == "img:1"
     # Harbor fields we do not act on are kept and reported, not rejected.
@@ -110,13 +134,13 @@ def test_unknown_keys_are_kept_and_logged(tmp_path, caplog):
         ("[verifier]\ntimeout_sec = 'soon'\n", "verifier.timeout_sec"),
         ("[verifier]\nenv = { A = 1 }\n", "verifier.env.A"),
         ("[agent]\ntimeout_sec = 0\n", "agent.timeout_sec"),
-        ("[environment]\nmemory = \"lots\"\n", "environment.memory"),
+        ('[environment]\nmemory = "lots"\n', "environment.memory"),
         ("[environment]\nmemory_mb = 0\n", "environment.memory_mb"),
         ("[environment]\ncpus = -2\n", "environment.cpus"),
-        ("[environment]\nworkdir = \"relative/dir\"\n", "environment.workdir"),
-        ("[task]\ndescription = \"no name\"\n", "task.name"),
+        ('[environment]\nworkdir = "relative/dir"\n', "environment.workdir"),
+        ('[task]\ndescription = "no name"\n', "task.name"),
         ("verifier = 3\n", "verifier"),
-        ("metadata = \"x\"\n", "metadata"),
+        ('metadata = "x"\n', "metadata"),
     ],
 )
 def test_invalid_field_names_file_and_field(tmp_path, toml, field):
@@ -170,8 +194,11 @@ def test_hashes_are_stable_and_scoped(tmp_path):
     shutil.copytree(src, a)
     shutil.copytree(src, b)
     ta, tb = load_task(a), load_task(b)
-    assert (ta.env_hash, ta.content_hash) == (tb.env_hash, tb.content_hash) == (
-        load_task(src).env_hash, load_task(src).content_hash)
+    assert (
+        (ta.env_hash, ta.content_hash)
+        == (tb.env_hash, tb.content_hash)
+        == (load_task(src).env_hash, load_task(src).content_hash)
+    )
     # Editing tests changes the task hash but not the image cache key.
     (b / "tests" / "test.sh").write_text("echo changed\n")
     tb = load_task(b)
@@ -192,7 +219,9 @@ def test_hash_tree_distinguishes_renames(tmp_path):
     assert hash_tree(tmp_path) != h1
 
 
-@pytest.mark.parametrize(("text", "mb"), [("2G", 2048), ("512M", 512), ("1.5g", 1536), ("2048K", 2), ("4GB", 4096)])
+@pytest.mark.parametrize(
+    ("text", "mb"), [("2G", 2048), ("512M", 512), ("1.5g", 1536), ("2048K", 2), ("4GB", 4096)]
+)
 def test_parse_size(text, mb):
     assert parse_size_mb(text) == mb
 
@@ -219,15 +248,34 @@ def test_any_task_toml_loads_or_raises_task_invalid(tmp_path, body):
         assert task.config.verifier.timeout_sec > 0
 
 
-_scalar = st.one_of(st.integers(-5, 5), st.floats(allow_nan=True), st.text(max_size=5), st.booleans(),
-                    st.lists(st.integers(), max_size=2))
+_scalar = st.one_of(
+    st.integers(-5, 5),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
+    st.booleans(),
+    st.lists(st.integers(), max_size=2),
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(section=st.sampled_from(["verifier", "agent", "environment", "solution"]),
-       key=st.sampled_from(["timeout_sec", "env", "user", "cpus", "memory", "memory_mb", "workdir",
-                            "build_timeout_sec", "docker_image", "unknown"]),
-       value=_scalar)
+@given(
+    section=st.sampled_from(["verifier", "agent", "environment", "solution"]),
+    key=st.sampled_from(
+        [
+            "timeout_sec",
+            "env",
+            "user",
+            "cpus",
+            "memory",
+            "memory_mb",
+            "workdir",
+            "build_timeout_sec",
+            "docker_image",
+            "unknown",
+        ]
+    ),
+    value=_scalar,
+)
 def test_wrong_types_name_the_field(tmp_path, section, key, value):
     import tomllib
 

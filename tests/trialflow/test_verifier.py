@@ -28,9 +28,15 @@ def test_reward_txt():
 
 def test_reward_json():
     assert parse_reward_json('{"a": 1, "b": 0.5}') == {"a": 1.0, "b": 0.5}
-    for bad, why in [("[1]", "object"), ("{}", "empty"), ('{"a": true}', "not a number"),
-                     ('{"a": "1"}', "not a number"), ('{"a": NaN}', "not finite"), ("{", "not valid JSON"),
-                     ('{"a": null}', "not a number")]:
+    for bad, why in [
+        ("[1]", "object"),
+        ("{}", "empty"),
+        ('{"a": true}', "not a number"),
+        ('{"a": "1"}', "not a number"),
+        ('{"a": NaN}', "not finite"),
+        ("{", "not valid JSON"),
+        ('{"a": null}', "not a number"),
+    ]:
         with pytest.raises(ValueError, match=why):
             parse_reward_json(bad)
 
@@ -48,8 +54,16 @@ def test_any_finite_float_roundtrips_through_reward_txt(x):
 
 
 def _result(**kw) -> VerifierResult:
-    base = {"rewards": {}, "reward_valid": True, "reason": None, "exit_code": 0, "timed_out": False,
-            "stdout": "", "stderr": "", "duration_s": 0.1}
+    base = {
+        "rewards": {},
+        "reward_valid": True,
+        "reason": None,
+        "exit_code": 0,
+        "timed_out": False,
+        "stdout": "",
+        "stderr": "",
+        "duration_s": 0.1,
+    }
     return VerifierResult(**{**base, **kw})
 
 
@@ -109,8 +123,11 @@ async def test_verifier_timeout(sandbox_for):
 async def test_timeout_override_and_garbage_reward(sandbox_for, tmp_path):
     from tests.trialflow.test_tasks import make_task
 
-    root = make_task(tmp_path / "garbage", test_sh='echo \'{"a": "high"}\' > /logs/verifier/reward.json\n',
-                     dockerfile="FROM trialflow-base:bookworm\n")
+    root = make_task(
+        tmp_path / "garbage",
+        test_sh='echo \'{"a": "high"}\' > /logs/verifier/reward.json\n',
+        dockerfile="FROM trialflow-base:bookworm\n",
+    )
     task = load_task(root)
     sb = await sandbox_for(task)
     res = await run_verifier(sb, task, timeout_s=20)
@@ -123,7 +140,9 @@ async def test_verifier_env_and_user(sandbox_for, tmp_path):
     from tests.trialflow.test_tasks import make_task
 
     toml = '[verifier]\nuser = "nobody"\nenv = { VALUE = "0.25" }\n'
-    root = make_task(tmp_path / "envuser", toml, test_sh='id -un; echo "$VALUE" > /logs/verifier/reward.txt\n')
+    root = make_task(
+        tmp_path / "envuser", toml, test_sh='id -un; echo "$VALUE" > /logs/verifier/reward.txt\n'
+    )
     task = load_task(root)
     sb = await sandbox_for(task)
     res = await run_verifier(sb, task)

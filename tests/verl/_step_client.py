@@ -24,8 +24,17 @@ async def main() -> None:
     print("submitting", flush=True, file=sys.stderr)
     step = await run_step(client, worker_main.open_store(settings), specs, task_queue=req["task_queue"])
     for t in step.trials:
-        print(json.dumps({"trial_id": t.result.trial_id, "termination": t.result.termination_reason,
-                          "reward": t.result.reward, "cancelled": t.cancelled}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "trial_id": t.result.trial_id,
+                    "termination": t.result.termination_reason,
+                    "reward": t.result.reward,
+                    "cancelled": t.cancelled,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

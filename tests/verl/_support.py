@@ -21,8 +21,15 @@ class Turn:
     finish: str = "stop"
 
 
-def add_segment(traj: Trajectory, prompt: list[int], turns: list[Turn], *, kind: str = "main",
-                rewritten: bool = False, expert_base: int = 0) -> int:
+def add_segment(
+    traj: Trajectory,
+    prompt: list[int],
+    turns: list[Turn],
+    *,
+    kind: str = "main",
+    rewritten: bool = False,
+    expert_base: int = 0,
+) -> int:
     """Append a segment with `turns` (the first opens it) through `Trajectory.apply`."""
     index = len(traj.segments)
     length = len(prompt)
@@ -34,18 +41,26 @@ def add_segment(traj: Trajectory, prompt: list[int], turns: list[Turn], *, kind:
         if turn.experts:
             rows = np.arange((length - 1) * LAYERS * TOP_K, dtype=np.int32) % 7 + expert_base
             experts = rows.reshape(length - 1, LAYERS, TOP_K)
-        traj.apply(TurnDelta(
-            record=TurnRecord(segment=index, prompt_tokens=length - len(turn.gen),
-                              completion_tokens=len(turn.gen), env_tokens_added=len(turn.env),
-                              finish_reason=turn.finish, latency_s=0.25),
-            gen_ids=turn.gen,
-            gen_logprobs=[-0.5 - 0.01 * i for i in range(len(turn.gen))],
-            env_ids=turn.env,
-            new_segment=SegmentHeader(kind=kind, rewritten=rewritten, system_key="sys", prompt_ids=prompt)
-            if new else None,
-            routed_experts=experts,
-            policy_version=turn.version,
-        ))
+        traj.apply(
+            TurnDelta(
+                record=TurnRecord(
+                    segment=index,
+                    prompt_tokens=length - len(turn.gen),
+                    completion_tokens=len(turn.gen),
+                    env_tokens_added=len(turn.env),
+                    finish_reason=turn.finish,
+                    latency_s=0.25,
+                ),
+                gen_ids=turn.gen,
+                gen_logprobs=[-0.5 - 0.01 * i for i in range(len(turn.gen))],
+                env_ids=turn.env,
+                new_segment=SegmentHeader(kind=kind, rewritten=rewritten, system_key="sys", prompt_ids=prompt)
+                if new
+                else None,
+                routed_experts=experts,
+                policy_version=turn.version,
+            )
+        )
     return index
 
 
@@ -55,10 +70,18 @@ def roundtrip(traj: Trajectory) -> Trajectory:
 
 
 def result(reward: float = 1.0, valid: bool = True, termination: str = "submitted", **kw) -> TrialResult:
-    base = dict(trial_id="trial-b-t-0", batch_id="b", task_name="t", scaffold="oracle", sample_index=0,
-                reward=reward, reward_valid=valid, termination_reason=termination,
-                timings={"setup": 1.0, "scaffold": 3.0, "verify": 0.5},
-                trajectory_uris=["s3://bucket/trials/trial-b-t-0/attempt-1/trajectory.npz"])
+    base = dict(
+        trial_id="trial-b-t-0",
+        batch_id="b",
+        task_name="t",
+        scaffold="oracle",
+        sample_index=0,
+        reward=reward,
+        reward_valid=valid,
+        termination_reason=termination,
+        timings={"setup": 1.0, "scaffold": 3.0, "verify": 0.5},
+        trajectory_uris=["s3://bucket/trials/trial-b-t-0/attempt-1/trajectory.npz"],
+    )
     base.update(kw)
     return TrialResult(**base)
 
@@ -77,15 +100,25 @@ def instantiate_loop(tokenizer, model_dir, prompt_length: int, response_length: 
     entry = OmegaConf.create(OmegaConf.to_container(_agent_loop_registry["trialflow_temporal"]))
     for k, v in overrides.items():
         entry[k] = v
-    cfg = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length, "response_length": response_length, "n": n},
-                              "model": {"path": str(model_dir)}},
-        "trainer": {"experiment_name": "exp"},
-        "data": {},
-    })
+    cfg = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {"prompt_length": prompt_length, "response_length": response_length, "n": n},
+                "model": {"path": str(model_dir)},
+            },
+            "trainer": {"experiment_name": "exp"},
+            "data": {},
+        }
+    )
     return hydra.utils.instantiate(
-        config=entry, trainer_config=DictConfigWrap(config=cfg), server_manager=None, tokenizer=tokenizer,
-        processor=None, hf_model_type=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
+        config=entry,
+        trainer_config=DictConfigWrap(config=cfg),
+        server_manager=None,
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(cfg.data),
         tools=ToolListWrap([]),
     )
 
@@ -108,5 +141,7 @@ def bare_worker(tokenizer, prompt_length: int, response_length: int):
 async def verl_batch(worker, outputs):
     """verl's per-sample and batch post-processing over our outputs -> DataProto."""
     raw = [{"role": "user", "content": "task"}]
-    internal = [await worker._agent_loop_postprocess(o.model_copy(deep=True), False, raw_prompt=raw) for o in outputs]
+    internal = [
+        await worker._agent_loop_postprocess(o.model_copy(deep=True), False, raw_prompt=raw) for o in outputs
+    ]
     return worker._postprocess(internal)

@@ -16,8 +16,14 @@ PROMPT = list(range(100, 110))
 
 def _two_turns(experts: bool = False) -> Trajectory:
     traj = Trajectory(session_id="s")
-    add_segment(traj, PROMPT, [Turn(gen=[1, 2, 3], version=4, experts=experts),
-                               Turn(gen=[4, 5], env=[50, 51, 52, 53], version=5, experts=experts)])
+    add_segment(
+        traj,
+        PROMPT,
+        [
+            Turn(gen=[1, 2, 3], version=4, experts=experts),
+            Turn(gen=[4, 5], env=[50, 51, 52, 53], version=5, experts=experts),
+        ],
+    )
     return roundtrip(traj)
 
 
@@ -39,7 +45,9 @@ def test_main_segment_is_copied_token_exact():
 
 def test_truncation_sets_overlong_and_cuts_everything_alike():
     traj = _two_turns(experts=True)
-    out = convert_trial(traj, result(), ConvertConfig(prompt_length=32, response_length=5, experts_shape=(LAYERS, TOP_K)))
+    out = convert_trial(
+        traj, result(), ConvertConfig(prompt_length=32, response_length=5, experts_shape=(LAYERS, TOP_K))
+    )
     p = out.primary
     assert p.overlong
     assert p.response_ids == [1, 2, 3, 50, 51]
@@ -77,8 +85,9 @@ def test_experts_sentinels_become_zero_and_dtype_is_int16():
     traj = _two_turns(experts=True)
     seg = traj.segments[0]
     assert seg.routed_experts.dtype == np.uint8 and (seg.routed_experts[-1] == 255).all()
-    p = convert_trial(traj, result(), ConvertConfig(prompt_length=32, response_length=32,
-                                                    experts_shape=(LAYERS, TOP_K))).primary
+    p = convert_trial(
+        traj, result(), ConvertConfig(prompt_length=32, response_length=32, experts_shape=(LAYERS, TOP_K))
+    ).primary
     assert p.routed_experts.dtype == np.int16
     assert (p.routed_experts[-1] == 0).all()
     np.testing.assert_array_equal(p.routed_experts[:-1], seg.routed_experts[:-1].astype(np.int16))
@@ -89,15 +98,17 @@ def test_int16_experts_keep_large_ids():
     add_segment(traj, PROMPT, [Turn(gen=[1, 2], experts=True)], expert_base=300)
     traj = roundtrip(traj)
     assert traj.segments[0].routed_experts.dtype == np.int16
-    p = convert_trial(traj, result(), ConvertConfig(prompt_length=32, response_length=32,
-                                                    experts_shape=(LAYERS, TOP_K))).primary
+    p = convert_trial(
+        traj, result(), ConvertConfig(prompt_length=32, response_length=32, experts_shape=(LAYERS, TOP_K))
+    ).primary
     assert p.routed_experts[:-1].min() >= 300 and (p.routed_experts[-1] == 0).all()
 
 
 def test_experts_absent_are_zero_filled_when_configured_and_omitted_otherwise():
     traj = _two_turns(experts=False)
-    p = convert_trial(traj, result(), ConvertConfig(prompt_length=32, response_length=32,
-                                                    experts_shape=(LAYERS, TOP_K))).primary
+    p = convert_trial(
+        traj, result(), ConvertConfig(prompt_length=32, response_length=32, experts_shape=(LAYERS, TOP_K))
+    ).primary
     assert p.routed_experts.shape == (len(PROMPT) + 9, LAYERS, TOP_K) and not p.routed_experts.any()
     with_experts = _two_turns(experts=True)
     q = convert_trial(with_experts, result(), ConvertConfig(prompt_length=32, response_length=32)).primary
@@ -110,8 +121,9 @@ def test_experts_shape_mismatch_is_a_typed_error():
 
 
 def test_no_trajectory_gives_masked_placeholder():
-    out = convert_trial(None, result(reward=1.0), ConvertConfig(32, 32, filler_token_id=7,
-                                                                experts_shape=(LAYERS, TOP_K)))
+    out = convert_trial(
+        None, result(reward=1.0), ConvertConfig(32, 32, filler_token_id=7, experts_shape=(LAYERS, TOP_K))
+    )
     p = out.primary
     assert p.kind == "empty" and p.segment is None
     assert p.prompt_ids == [7] and p.response_ids == [7] and p.response_mask == [0]
@@ -156,8 +168,11 @@ def test_all_main_segments_rewritten_primary_is_the_first():
 
 @pytest.mark.parametrize("termination", ["infra_error", "verifier_error", "cancelled"])
 def test_invalid_reward_masks_the_trial(termination):
-    out = convert_trial(_two_turns(), result(reward=1.0, valid=False, termination=termination),
-                        ConvertConfig(32, 32, invalid_reward=-1.0))
+    out = convert_trial(
+        _two_turns(),
+        result(reward=1.0, valid=False, termination=termination),
+        ConvertConfig(32, 32, invalid_reward=-1.0),
+    )
     assert out.masked and out.reward_score == -1.0
     assert out.primary.response_mask == [0] * len(out.primary.response_ids)
     unmasked = convert_trial(_two_turns(), result(valid=False), ConvertConfig(32, 32, mask_invalid=False))
@@ -165,7 +180,12 @@ def test_invalid_reward_masks_the_trial(termination):
 
 
 def test_without_logprobs():
-    assert convert_trial(_two_turns(), result(), ConvertConfig(32, 32, with_logprobs=False)).primary.response_logprobs is None
+    assert (
+        convert_trial(
+            _two_turns(), result(), ConvertConfig(32, 32, with_logprobs=False)
+        ).primary.response_logprobs
+        is None
+    )
 
 
 def test_bad_lengths_rejected():
@@ -197,8 +217,10 @@ def test_metrics_and_extra_fields():
 )
 def test_invariants(prompt_len, turns, p_budget, r_budget, experts):
     traj = Trajectory(session_id="s")
-    spec = [Turn(gen=list(range(1, g + 1)), env=[] if i == 0 else [60] * e, experts=experts)
-            for i, (g, e) in enumerate(turns)]
+    spec = [
+        Turn(gen=list(range(1, g + 1)), env=[] if i == 0 else [60] * e, experts=experts)
+        for i, (g, e) in enumerate(turns)
+    ]
     add_segment(traj, list(range(200, 200 + prompt_len)), spec)
     traj = roundtrip(traj)
     cfg = ConvertConfig(p_budget, r_budget, experts_shape=(LAYERS, TOP_K))

@@ -7,12 +7,32 @@ import trialflow.verl as tv
 
 
 def test_exports():
-    assert sorted(tv.__all__) == sorted([
-        "ConversionError", "ConvertConfig", "ConvertedTrial", "LoopSample", "StepBatch", "StepTrial",
-        "StragglerPolicy", "convert_trial", "extra_fields", "load_trajectory", "loop_metrics", "run_step",
-        "LoopConfig", "ReplicaDiscoveryError", "SampleIdentity", "TemporalAgentLoop", "TemporalAgentLoopManager",
-        "TrialIdentityError", "TrialRow", "resolve_identity", "stamp_identity", "verl_replica_urls",
-    ])
+    assert sorted(tv.__all__) == sorted(
+        [
+            "ConversionError",
+            "ConvertConfig",
+            "ConvertedTrial",
+            "LoopSample",
+            "StepBatch",
+            "StepTrial",
+            "StragglerPolicy",
+            "convert_trial",
+            "extra_fields",
+            "load_trajectory",
+            "loop_metrics",
+            "run_step",
+            "LoopConfig",
+            "ReplicaDiscoveryError",
+            "SampleIdentity",
+            "TemporalAgentLoop",
+            "TemporalAgentLoopManager",
+            "TrialIdentityError",
+            "TrialRow",
+            "resolve_identity",
+            "stamp_identity",
+            "verl_replica_urls",
+        ]
+    )
     assert all(hasattr(tv, name) for name in tv.__all__)  # the agent-loop names load verl here
 
 

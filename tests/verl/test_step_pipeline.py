@@ -55,8 +55,10 @@ class ChatScaffold(Scaffold):
         messages = [{"role": "user", "content": ctx.instruction[:200]}]
         for _ in range(2):
             reply = await client.chat.completions.create(model=ctx.model, messages=messages, max_tokens=12)
-            messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
-                         {"role": "user", "content": "go on"}]
+            messages += [
+                {"role": "assistant", "content": reply.choices[0].message.content or ""},
+                {"role": "user", "content": "go on"},
+            ]
         return ScaffoldResult(0, False, "two turns", "", 0.0)
 
 
@@ -77,17 +79,27 @@ register_scaffold("test-sleep", f"{__name__}:SleepScaffold")
 
 
 @pytest.fixture(scope="module")
-def settings(temporal_address, s3_endpoint, docker_client, vllm_url, vllm_model_name, tiny_model_dir) -> TrialflowSettings:
+def settings(
+    temporal_address, s3_endpoint, docker_client, vllm_url, vllm_model_name, tiny_model_dir
+) -> TrialflowSettings:
     from infra.base_image import ensure_base_image
 
     ensure_base_image(docker_client)
     suffix = uuid.uuid4().hex[:8]
     return load_settings(
-        temporal_address=temporal_address, task_queue=f"verl-{suffix}",
-        s3_endpoint=s3_endpoint.endpoint_url, s3_bucket=s3_endpoint.bucket, s3_prefix=f"verl-{suffix}",
-        s3_access_key="trialflow", s3_secret_key="trialflow",
-        model_dir=tiny_model_dir, replica_urls=[vllm_url], model_name=vllm_model_name,
-        worker_id=f"verl-{suffix}", max_concurrent_trials=4, drain_grace_s=5,
+        temporal_address=temporal_address,
+        task_queue=f"verl-{suffix}",
+        s3_endpoint=s3_endpoint.endpoint_url,
+        s3_bucket=s3_endpoint.bucket,
+        s3_prefix=f"verl-{suffix}",
+        s3_access_key="trialflow",
+        s3_secret_key="trialflow",
+        model_dir=tiny_model_dir,
+        replica_urls=[vllm_url],
+        model_name=vllm_model_name,
+        worker_id=f"verl-{suffix}",
+        max_concurrent_trials=4,
+        drain_grace_s=5,
     )
 
 
@@ -97,11 +109,31 @@ def tokenizer(tiny_model_dir):
 
 
 def _loop(tokenizer, settings, run_name: str, **overrides):
-    loop_settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in settings.model_dump().items()
-                     if k in ("temporal_address", "task_queue", "s3_endpoint", "s3_bucket", "s3_prefix",
-                              "s3_access_key", "s3_secret_key")}
-    return instantiate_loop(tokenizer, settings.model_dir, P_LEN, R_LEN, run_name=run_name, replicas="worker",
-                            model=settings.model_name, settings=loop_settings, **overrides)
+    loop_settings = {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in settings.model_dump().items()
+        if k
+        in (
+            "temporal_address",
+            "task_queue",
+            "s3_endpoint",
+            "s3_bucket",
+            "s3_prefix",
+            "s3_access_key",
+            "s3_secret_key",
+        )
+    }
+    return instantiate_loop(
+        tokenizer,
+        settings.model_dir,
+        P_LEN,
+        R_LEN,
+        run_name=run_name,
+        replicas="worker",
+        model=settings.model_name,
+        settings=loop_settings,
+        **overrides,
+    )
 
 
 def _rows(tasks_and_scaffolds: list[tuple[str, str]], rollouts: int, step: int) -> list[dict]:
@@ -119,15 +151,18 @@ def _rows(tasks_and_scaffolds: list[tuple[str, str]], rollouts: int, step: int) 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 
 
-async def test_agent_loop_step_oracle_and_scripted_chat(tokenizer, settings, client, worker, no_leaked_sandboxes):
+async def test_agent_loop_step_oracle_and_scripted_chat(
+    tokenizer, settings, client, worker, no_leaked_sandboxes
+):
     run_name = f"loop-{uuid.uuid4().hex[:6]}"
     loop = _loop(tokenizer, settings, run_name)
     rows = _rows([("create-file", "oracle"), ("fix-bug", "test-chat")], rollouts=2, step=3)
     outs = await asyncio.gather(*(loop.run(dict(SAMPLING), **row) for row in rows))
 
     ids = [o.extra_fields["trial_id"] for o in outs]
-    assert ids == [f"trial-{run_name}-train-step3-create-file-{i}" for i in (0, 1)] + \
-                  [f"trial-{run_name}-train-step3-fix-bug-{i}" for i in (2, 3)]
+    assert ids == [f"trial-{run_name}-train-step3-create-file-{i}" for i in (0, 1)] + [
+        f"trial-{run_name}-train-step3-fix-bug-{i}" for i in (2, 3)
+    ]
     for o in outs[:2]:  # the oracle never calls the model: masked placeholder, verifier's reward
         assert o.reward_score == 1.0 and o.extra_fields["segment_kind"] == "empty"
         assert o.extra_fields["termination_reason"] == "submitted" and o.response_mask == [0]
@@ -159,14 +194,19 @@ async def test_agent_loop_step_oracle_and_scripted_chat(tokenizer, settings, cli
 
 async def test_straggler_fraction_cancels_and_records(settings, client, worker, no_leaked_sandboxes):
     bid = f"strag-{uuid.uuid4().hex[:6]}"
-    specs = batch.make_specs(bid, [TASKS / "create-file"], "oracle", samples=2, attempt_limit=1) + \
-        [s.model_copy(update={"sample_index": 2 + s.sample_index})
-         for s in batch.make_specs(bid, [TASKS / "create-file"], "test-sleep", samples=2, attempt_limit=1)]
+    specs = batch.make_specs(bid, [TASKS / "create-file"], "oracle", samples=2, attempt_limit=1) + [
+        s.model_copy(update={"sample_index": 2 + s.sample_index})
+        for s in batch.make_specs(bid, [TASKS / "create-file"], "test-sleep", samples=2, attempt_limit=1)
+    ]
     for s in specs[2:]:
         assert s.scaffold == "test-sleep"
-    step = await run_step(client, worker_main.open_store(settings), specs,
-                          StragglerPolicy(mode="fraction", fraction=0.5, grace_s=0.5, cancel_wait_s=30),
-                          task_queue=settings.task_queue)
+    step = await run_step(
+        client,
+        worker_main.open_store(settings),
+        specs,
+        StragglerPolicy(mode="fraction", fraction=0.5, grace_s=0.5, cancel_wait_s=30),
+        task_queue=settings.task_queue,
+    )
     assert [t.spec.trial_id for t in step.trials] == [s.trial_id for s in specs]
     assert [t.cancelled for t in step.trials] == [False, False, True, True]
     assert [t.result.reward for t in step.trials[:2]] == [1.0, 1.0]
@@ -179,9 +219,16 @@ async def test_straggler_fraction_cancels_and_records(settings, client, worker, 
 
 
 async def test_deadline_cancels_everything_unfinished(settings, client, worker, no_leaked_sandboxes):
-    specs = batch.make_specs(f"dl-{uuid.uuid4().hex[:6]}", [TASKS / "create-file"], "test-sleep", attempt_limit=1)
-    step = await run_step(client, worker_main.open_store(settings), specs, StragglerPolicy(deadline_s=2.0),
-                          task_queue=settings.task_queue)
+    specs = batch.make_specs(
+        f"dl-{uuid.uuid4().hex[:6]}", [TASKS / "create-file"], "test-sleep", attempt_limit=1
+    )
+    step = await run_step(
+        client,
+        worker_main.open_store(settings),
+        specs,
+        StragglerPolicy(deadline_s=2.0),
+        task_queue=settings.task_queue,
+    )
     t = step.trials[0]
     assert t.cancelled and t.result.termination_reason == "cancelled" and t.trajectory is None
 
@@ -190,19 +237,32 @@ async def _executions(client, workflow_id: str) -> int:
     return len([wf async for wf in client.list_workflows(f'WorkflowId = "{workflow_id}"')])
 
 
-async def test_restarted_trainer_reattaches_without_rerunning(tokenizer, settings, client, worker, no_leaked_sandboxes):
+async def test_restarted_trainer_reattaches_without_rerunning(
+    tokenizer, settings, client, worker, no_leaked_sandboxes
+):
     run_name = f"restart-{uuid.uuid4().hex[:6]}"
     loop = _loop(tokenizer, settings, run_name)
     rows = _rows([("create-file", "test-sleep"), ("fix-bug", "test-sleep")], rollouts=1, step=11)
     specs = [await loop.build_spec(dict(SAMPLING), row) for row in rows]
-    request = json.dumps({"settings": loop.loop_config.settings, "specs": [s.model_dump(mode="json") for s in specs],
-                          "task_queue": settings.task_queue}).encode()
+    request = json.dumps(
+        {
+            "settings": loop.loop_config.settings,
+            "specs": [s.model_dump(mode="json") for s in specs],
+            "task_queue": settings.task_queue,
+        }
+    ).encode()
     before = len(SCAFFOLD_CALLS)
 
     async def start():
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.verl._step_client", cwd=REPO, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+            sys.executable,
+            "-m",
+            "tests.verl._step_client",
+            cwd=REPO,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         proc.stdin.write(request)
         proc.stdin.close()
         return proc

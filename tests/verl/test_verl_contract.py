@@ -43,12 +43,24 @@ def _outputs(experts: bool) -> list[AgentLoopOutput]:
     cfg = ConvertConfig(P_LEN, R_LEN, filler_token_id=0, experts_shape=(LAYERS, TOP_K) if experts else None)
     trajs = []
     t = Trajectory(session_id="a")
-    add_segment(t, list(range(100, 108)), [Turn(gen=[1, 2, 3], experts=experts, version=3),
-                                           Turn(gen=[4], env=[60, 61], experts=experts, version=4)])
+    add_segment(
+        t,
+        list(range(100, 108)),
+        [
+            Turn(gen=[1, 2, 3], experts=experts, version=3),
+            Turn(gen=[4], env=[60, 61], experts=experts, version=4),
+        ],
+    )
     trajs.append(t)
     t = Trajectory(session_id="b")
-    add_segment(t, list(range(100, 105)), [Turn(gen=list(range(1, 12)), experts=experts),
-                                           Turn(gen=list(range(20, 30)), env=[60] * 3, experts=experts)])
+    add_segment(
+        t,
+        list(range(100, 105)),
+        [
+            Turn(gen=list(range(1, 12)), experts=experts),
+            Turn(gen=list(range(20, 30)), env=[60] * 3, experts=experts),
+        ],
+    )
     trajs.append(t)
     t = Trajectory(session_id="c")
     add_segment(t, list(range(100, 120)), [Turn(gen=[5, 6], experts=experts)])
@@ -62,9 +74,15 @@ def _outputs(experts: bool) -> list[AgentLoopOutput]:
         traj = roundtrip(traj) if traj is not None else None
         res = result(reward=float(i) / 4, trial_id=f"trial-b-t-{i}")
         conv = convert_trial(traj, res, cfg)
-        outs.append(AgentLoopOutput(**conv.primary.output_fields(), reward_score=conv.reward_score,
-                                    num_turns=2, metrics=AgentLoopMetrics(**loop_metrics(traj, res)),
-                                    extra_fields=extra_fields(conv, conv.primary, res)))
+        outs.append(
+            AgentLoopOutput(
+                **conv.primary.output_fields(),
+                reward_score=conv.reward_score,
+                num_turns=2,
+                metrics=AgentLoopMetrics(**loop_metrics(traj, res)),
+                extra_fields=extra_fields(conv, conv.primary, res),
+            )
+        )
     return outs
 
 
@@ -79,7 +97,7 @@ async def test_verl_postprocess_accepts_our_outputs(tokenizer, experts):
     assert batch.batch["rollout_log_probs"].shape == (B, R_LEN)
     for i, o in enumerate(outs):
         p, r = len(o.prompt_ids), len(o.response_ids)
-        assert batch.batch["prompts"][i, P_LEN - p:].tolist() == o.prompt_ids
+        assert batch.batch["prompts"][i, P_LEN - p :].tolist() == o.prompt_ids
         assert batch.batch["responses"][i, :r].tolist() == o.response_ids
         assert batch.batch["response_mask"][i, :r].tolist() == o.response_mask
         assert batch.batch["response_mask"][i, r:].sum() == 0
@@ -91,8 +109,8 @@ async def test_verl_postprocess_accepts_our_outputs(tokenizer, experts):
         if experts:
             e = batch.batch["routed_experts"][i]
             assert e.shape == (P_LEN + R_LEN, LAYERS, TOP_K)
-            np.testing.assert_array_equal(e[P_LEN - p: P_LEN + r].numpy(), o.routed_experts)
-            assert e[: P_LEN - p].abs().sum() == 0 and e[P_LEN + r:].abs().sum() == 0
+            np.testing.assert_array_equal(e[P_LEN - p : P_LEN + r].numpy(), o.routed_experts)
+            assert e[: P_LEN - p].abs().sum() == 0 and e[P_LEN + r :].abs().sum() == 0
     if not experts:
         assert "routed_experts" not in batch.batch.keys()
     assert outs[1].extra_fields["overlong"] and outs[2].extra_fields["prompt_spill"] == 8
@@ -124,9 +142,13 @@ def test_yaml_entry_instantiates_through_verls_registry(tokenizer, tiny_model_di
 
 
 async def test_build_spec_from_a_stamped_row(tokenizer, tiny_model_dir):
-    loop = _instantiate(tokenizer, tiny_model_dir, replicas=["http://10.0.0.1:8000"], sampling={"max_tokens": 64})
-    nt = {"uid": np.array(["u1", "u1", "u2", "u2"], dtype=object),
-          "extra_info": np.array([{"trialflow": {"task_path": "/tasks/hello-world/"}}] * 4, dtype=object)}
+    loop = _instantiate(
+        tokenizer, tiny_model_dir, replicas=["http://10.0.0.1:8000"], sampling={"max_tokens": 64}
+    )
+    nt = {
+        "uid": np.array(["u1", "u1", "u2", "u2"], dtype=object),
+        "extra_info": np.array([{"trialflow": {"task_path": "/tasks/hello-world/"}}] * 4, dtype=object),
+    }
     stamp_identity(nt, {"global_steps": 7})
     kwargs = {k: v[3] for k, v in nt.items()}
     spec = await loop.build_spec({"temperature": 0.7, "top_p": 0.9, "top_k": -1, "logprobs": True}, kwargs)

@@ -56,9 +56,7 @@ class FakeTrial:
     setup_error: ApplicationError | None = None
     scaffold_termination: str = "submitted"
     scaffold_delay_s: float = 0.0
-    calls: list[tuple[str, str, int]] = field(
-        default_factory=list
-    )  # (activity, queue, attempt)
+    calls: list[tuple[str, str, int]] = field(default_factory=list)  # (activity, queue, attempt)
     stored: list[StoreResultInput] = field(default_factory=list)
 
     def _note(self, name: str, attempt: int) -> None:
@@ -108,9 +106,7 @@ class FakeTrial:
     @activity.defn(name="trial.store_result")
     async def store_result(self, inp: StoreResultInput) -> StoreResultOutput:
         self.stored.append(inp)
-        return StoreResultOutput(
-            result_uri=f"file:///store/{inp.result.trial_id}/result.json"
-        )
+        return StoreResultOutput(result_uri=f"file:///store/{inp.result.trial_id}/result.json")
 
 
 @pytest.fixture
@@ -163,9 +159,7 @@ async def test_success_runs_every_phase_on_the_right_queue(client, harness):
         ("verify", "host queue"), ("teardown", "host queue"),
     ]  # fmt: skip
     assert set(result.timings) == {"setup", "scaffold", "verify", "teardown"}
-    assert result.trajectory_uris == [
-        f"file:///store/{result.trial_id}/attempt-1/trajectory.npz"
-    ]
+    assert result.trajectory_uris == [f"file:///store/{result.trial_id}/attempt-1/trajectory.npz"]
     assert result.result_uri and fake.stored[0].result.trial_id == result.trial_id
 
 
@@ -202,21 +196,14 @@ async def test_search_attributes_set_at_start_and_upserted_at_end(client, harnes
         "COMPLETED",
     )
     assert (trial.reward, trial.termination) == (1.0, "submitted")
-    step = [
-        wf
-        async for wf in client.list_workflows(
-            f'TrialStep = 7 AND TrialBatchId = "{spec.batch_id}"'
-        )
-    ]
+    step = [wf async for wf in client.list_workflows(f'TrialStep = 7 AND TrialBatchId = "{spec.batch_id}"')]
     assert [wf.id for wf in step] == [spec.trial_id]
 
 
 async def test_lost_host_starts_a_new_attempt_and_lists_both(client, harness):
     fake, shared = harness
     fake.setup_queues = [DEAD_QUEUE]  # attempt 1's worker never answers
-    [result] = await batch.run(
-        client, [_spec(host_schedule_timeout_s=4)], task_queue=shared
-    )
+    [result] = await batch.run(client, [_spec(host_schedule_timeout_s=4)], task_queue=shared)
     assert result.error is None and result.attempts == 2 and result.reward == 1.0
     assert result.termination_reason == "submitted"
     # The lost attempt keeps its checkpoint prefix, the second its final trajectory.
@@ -234,20 +221,13 @@ async def test_every_attempt_lost_is_an_infra_error(client, harness):
     spec = _spec(attempt_limit=2, host_schedule_timeout_s=4)
     [result] = await batch.run(client, [spec], task_queue=shared)
     assert result.termination_reason == "infra_error" and result.attempts == 2
-    assert (
-        result.error is not None
-        and result.error.type == "ActivityTimeout.SCHEDULE_TO_START"
-    )
+    assert result.error is not None and result.error.type == "ActivityTimeout.SCHEDULE_TO_START"
     assert len(result.trajectory_uris) == 2
 
 
-async def test_non_retryable_setup_error_fails_fast_with_error_recorded(
-    client, harness
-):
+async def test_non_retryable_setup_error_fails_fast_with_error_recorded(client, harness):
     fake, shared = harness
-    fake.setup_error = ApplicationError(
-        "Dockerfile broke", type="ImageBuildFailed", non_retryable=True
-    )
+    fake.setup_error = ApplicationError("Dockerfile broke", type="ImageBuildFailed", non_retryable=True)
     [result] = await batch.run(client, [_spec()], task_queue=shared)
     assert [c[0] for c in fake.calls] == ["setup"]  # no retry, no other phase
     assert result.termination_reason == "verifier_error"

@@ -81,7 +81,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-EXEC_GRACE_S = 30.0          # host-side slack past an in-container timeout before abandoning
+EXEC_GRACE_S = 30.0  # host-side slack past an in-container timeout before abandoning
 DEFAULT_OUTPUT_CAP = 4 << 20  # bytes kept per stream (tail)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
@@ -140,7 +140,7 @@ class _TailBuffer:
         data = b"".join(self.chunks)
         if len(data) > self.cap:
             self.dropped += len(data) - self.cap
-            data = data[-self.cap:]
+            data = data[-self.cap :]
         body = data.decode("utf-8", errors="replace")
         return f"[trialflow: {self.dropped} earlier bytes truncated]\n{body}" if self.dropped else body
 
@@ -229,21 +229,31 @@ class DockerSandbox(Sandbox):
                 code, out, err = await asyncio.wait_for(self._call(blocking), timeout_s + grace)
         except TimeoutError:
             return ExecResult(
-                exit_code=137, stdout="", timed_out=True, duration_s=time.monotonic() - t0,
+                exit_code=137,
+                stdout="",
+                timed_out=True,
+                duration_s=time.monotonic() - t0,
                 stderr=f"[trialflow: output stream still open {grace:g}s after the timeout "
-                       f"(a background process kept it open); exec abandoned]",
+                f"(a background process kept it open); exec abandoned]",
             )
         duration = time.monotonic() - t0
         timed_out = timeout_s is not None and code in (124, 137) and duration >= timeout_s
         return ExecResult(code, out, err, timed_out, duration)
 
-    def _exec_blocking(self, argv: list[str], env: Mapping[str, str] | None,
-                       user: str | int | None, workdir: str | None) -> tuple[int, str, str]:
+    def _exec_blocking(
+        self, argv: list[str], env: Mapping[str, str] | None, user: str | int | None, workdir: str | None
+    ) -> tuple[int, str, str]:
         api = self._backend.client.api
         ex = api.exec_create(
-            self._cid, argv, stdout=True, stderr=True, stdin=False, tty=False,
+            self._cid,
+            argv,
+            stdout=True,
+            stderr=True,
+            stdin=False,
+            tty=False,
             environment=dict(env) if env else None,
-            user="" if user is None else str(user), workdir=workdir,
+            user="" if user is None else str(user),
+            workdir=workdir,
         )
         out, err = _TailBuffer(self._backend.output_cap), _TailBuffer(self._backend.output_cap)
         for o, e in api.exec_start(ex["Id"], stream=True, demux=True):
@@ -303,7 +313,9 @@ class DockerSandbox(Sandbox):
         if self._stopped:
             return
         try:
-            await self._backend._run(lambda: self._backend.client.api.remove_container(self._cid, force=True, v=True))
+            await self._backend._run(
+                lambda: self._backend.client.api.remove_container(self._cid, force=True, v=True)
+            )
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as e:
@@ -368,13 +380,15 @@ class DockerBackend(SandboxBackend):
             if task.config.environment.docker_image:
                 raise ImageUnavailable(
                     f"task {task.name}: image {tag} ([environment].docker_image) is not present "
-                    "locally and images cannot be pulled here")
+                    "locally and images cannot be pulled here"
+                )
             if task.dockerfile is not None:
                 await self._ensure_bases(task.dockerfile.read_text(errors="replace"))
             timeout = task.config.environment.build_timeout_sec
             try:
-                tail = await asyncio.wait_for(self._run(lambda: self._build_blocking(task, tag, timeout)),
-                                              timeout + EXEC_GRACE_S)
+                tail = await asyncio.wait_for(
+                    self._run(lambda: self._build_blocking(task, tag, timeout)), timeout + EXEC_GRACE_S
+                )
             except TimeoutError:
                 raise ImageBuildTimeout(f"task {task.name}: image build exceeded {timeout:.0f}s") from None
             image_id = await self._run(lambda: self._image_id(tag))
@@ -409,8 +423,14 @@ class DockerBackend(SandboxBackend):
         t0 = time.monotonic()
         try:
             stream = self.client.api.build(
-                path=str(task.environment_dir), tag=tag, network_mode="host", rm=True, forcerm=True,
-                pull=False, decode=True, timeout=timeout,
+                path=str(task.environment_dir),
+                tag=tag,
+                network_mode="host",
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
+                timeout=timeout,
                 labels={LABEL_MANAGED: "true", "trialflow.env_hash": task.env_hash},
             )
             for chunk in stream:
@@ -418,16 +438,19 @@ class DockerBackend(SandboxBackend):
                     lines.extend(chunk["stream"].rstrip("\n").splitlines())
                 if "error" in chunk:
                     lines.append(chunk["error"])
-                    raise ImageBuildFailed(f"task {task.name}: docker build failed: {chunk['error'].strip()}",
-                                           "\n".join(lines))
+                    raise ImageBuildFailed(
+                        f"task {task.name}: docker build failed: {chunk['error'].strip()}", "\n".join(lines)
+                    )
                 if time.monotonic() - t0 > timeout:
                     stream.close()  # closing the connection makes the engine cancel the build
-                    raise ImageBuildTimeout(f"task {task.name}: image build exceeded {timeout:.0f}s",
-                                            "\n".join(lines))
+                    raise ImageBuildTimeout(
+                        f"task {task.name}: image build exceeded {timeout:.0f}s", "\n".join(lines)
+                    )
         # A silent build step hits the HTTP read timeout: from urllib3 directly while streaming.
         except (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError):
-            raise ImageBuildTimeout(f"task {task.name}: image build exceeded {timeout:.0f}s",
-                                    "\n".join(lines)) from None
+            raise ImageBuildTimeout(
+                f"task {task.name}: image build exceeded {timeout:.0f}s", "\n".join(lines)
+            ) from None
         except docker.errors.APIError as e:
             raise ImageBuildFailed(f"task {task.name}: docker build rejected: {e}", "\n".join(lines)) from e
         return "\n".join(lines)
@@ -441,9 +464,13 @@ class DockerBackend(SandboxBackend):
 
     def container_labels(self, task: Task, trial_id: str, extra: Mapping[str, str] | None) -> dict[str, str]:
         return {
-            **self.labels, **(extra or {}),
-            LABEL_MANAGED: "true", LABEL_TRIAL_ID: trial_id, LABEL_CREATED_AT: str(int(time.time())),
-            "trialflow.task": task.name, "trialflow.env_hash": task.env_hash,
+            **self.labels,
+            **(extra or {}),
+            LABEL_MANAGED: "true",
+            LABEL_TRIAL_ID: trial_id,
+            LABEL_CREATED_AT: str(int(time.time())),
+            "trialflow.task": task.name,
+            "trialflow.env_hash": task.env_hash,
         }
 
     async def create(
@@ -461,14 +488,22 @@ class DockerBackend(SandboxBackend):
             log.warning("task %s asks for %s cpus; host has %s: clamped", task.name, envcfg.cpus, cpus)
         name = f"tf-{_slug(trial_id)}-{uuid.uuid4().hex[:8]}"
         kwargs = {
-            "image": image.tag, "name": name, "entrypoint": ["sleep"], "command": ["infinity"],
-            "network_mode": "host", "init": True, "detach": True,
+            "image": image.tag,
+            "name": name,
+            "entrypoint": ["sleep"],
+            "command": ["infinity"],
+            "network_mode": "host",
+            "init": True,
+            "detach": True,
             "labels": self.container_labels(task, trial_id, labels),
             "nano_cpus": int(min(envcfg.cpus, cpus) * 1e9),
-            "mem_limit": f"{envcfg.memory_mb}m", "memswap_limit": f"{envcfg.memory_mb}m",
+            "mem_limit": f"{envcfg.memory_mb}m",
+            "memswap_limit": f"{envcfg.memory_mb}m",
             "environment": resolve_env(envcfg.env, self._host_env),
             "working_dir": envcfg.workdir,
-            "mounts": [docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in mounts],
+            "mounts": [
+                docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in mounts
+            ],
         }
         if envcfg.workdir is None:
             del kwargs["working_dir"]

@@ -41,8 +41,13 @@ def _created_at(attrs: dict) -> float:
         return datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00").timestamp()
 
 
-def reap_containers(client: docker.DockerClient, older_than_s: float,
-                    labels: Mapping[str, str] | None = None, *, now: float | None = None) -> ReapReport:
+def reap_containers(
+    client: docker.DockerClient,
+    older_than_s: float,
+    labels: Mapping[str, str] | None = None,
+    *,
+    now: float | None = None,
+) -> ReapReport:
     """Force-remove managed containers (matching all `labels`) older than `older_than_s`."""
     now = time.time() if now is None else now
     filters = [f"{LABEL_MANAGED}=true", *(f"{k}={v}" for k, v in (labels or {}).items())]

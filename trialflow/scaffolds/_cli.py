@@ -160,7 +160,9 @@ async def run_cli(
         # A non-root agent user cannot create /logs/agent (or its HOME under a root-owned
         # parent): make both as root and hand them over.
         dirs = f"{AGENT_LOG_DIR} {shlex.quote(run.home)}"
-        prep = await ctx.sandbox.exec(f"mkdir -p {dirs} && chown {shlex.quote(str(user))} {dirs}", timeout_s=30, user="0")
+        prep = await ctx.sandbox.exec(
+            f"mkdir -p {dirs} && chown {shlex.quote(str(user))} {dirs}", timeout_s=30, user="0"
+        )
         if not prep.ok:
             raise ScaffoldSetupFailed(f"could not prepare {dirs} for user {user}: {prep.stderr.strip()}")
     agent = asyncio.create_task(
@@ -172,7 +174,13 @@ async def run_cli(
             if done:
                 break
             lines = await _count_lines(ctx, run.stdout_path)
-            ctx.heartbeat({"scaffold": run.name, "output_lines": lines, "elapsed_s": round(time.monotonic() - started, 1)})
+            ctx.heartbeat(
+                {
+                    "scaffold": run.name,
+                    "output_lines": lines,
+                    "elapsed_s": round(time.monotonic() - started, 1),
+                }
+            )
         res = agent.result()
     finally:
         if not agent.done():  # cancelled from outside: the exec's own timeout still kills the agent

@@ -45,7 +45,7 @@ class ScaffoldContext:
     task: Task
     instruction: str | None = None
     anthropic_base_url: str | None = None  # e.g. http://127.0.0.1:PORT/s/{id}/{secret}
-    openai_base_url: str | None = None     # the same + /v1
+    openai_base_url: str | None = None  # the same + /v1
     model: str | None = None
     timeout_s: float | None = None
     heartbeat: Callable[[dict[str, Any]], None] = _no_heartbeat

@@ -63,7 +63,9 @@ def summarize_stream(stdout: str) -> StreamSummary:
         if event.get("type") == "assistant":
             assistant += 1
             content = (event.get("message") or {}).get("content") or []
-            tools += sum(1 for block in content if isinstance(block, dict) and block.get("type") == "tool_use")
+            tools += sum(
+                1 for block in content if isinstance(block, dict) and block.get("type") == "tool_use"
+            )
         elif event.get("type") == "result":
             result = event
     return StreamSummary(
@@ -79,18 +81,24 @@ def summarize_stream(stdout: str) -> StreamSummary:
 
 
 def stop_reason_of(summary: StreamSummary) -> StopReason | None:
-    """"max_turns" when the run's `result` event says `--max-turns` stopped it (subtype
+    """ "max_turns" when the run's `result` event says `--max-turns` stopped it (subtype
     `error_max_turns`; the CLI then exits 1); None for every other ending, including a
     missing `result` event."""
     return "max_turns" if summary.result_subtype == "error_max_turns" else None
 
 
-def claude_argv(instruction: str, model: str, max_turns: int | None, extra_args: Sequence[str] = ()) -> list[str]:
+def claude_argv(
+    instruction: str, model: str, max_turns: int | None, extra_args: Sequence[str] = ()
+) -> list[str]:
     argv = [
-        IN_SANDBOX, "-p",
+        IN_SANDBOX,
+        "-p",
         "--dangerously-skip-permissions",
-        "--output-format", "stream-json", "--verbose",
-        "--model", model,
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--model",
+        model,
     ]
     if max_turns is not None:
         argv += ["--max-turns", str(max_turns)]
@@ -140,7 +148,9 @@ class ClaudeCodeScaffold(CliScaffold):
         return CliRun(
             name=self.name,
             argv=claude_argv(ctx.instruction or "", ctx.model, self.max_turns, self.extra_args),
-            env=claude_env(ctx.anthropic_base_url, ctx.model, max_retries=self.max_retries, api_timeout_s=ctx.timeout_s),
+            env=claude_env(
+                ctx.anthropic_base_url, ctx.model, max_retries=self.max_retries, api_timeout_s=ctx.timeout_s
+            ),
             home=HOME,
         )
 

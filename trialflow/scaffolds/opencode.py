@@ -121,7 +121,9 @@ class OpenCodeScaffold(CliScaffold):
     binary = "opencode"
     candidates = BINARY_CANDIDATES
 
-    def __init__(self, *, context_limit: int | None = None, output_limit: int | None = None, **options: Any) -> None:
+    def __init__(
+        self, *, context_limit: int | None = None, output_limit: int | None = None, **options: Any
+    ) -> None:
         super().__init__(**options)
         self.context_limit = context_limit
         self.output_limit = output_limit
@@ -135,7 +137,16 @@ class OpenCodeScaffold(CliScaffold):
         return CliRun(
             name=self.name,
             # After `--`, an instruction starting with "-" is still the message.
-            argv=[IN_SANDBOX, "run", "--pure", "--format", "json", *self.extra_args, "--", ctx.instruction or ""],
+            argv=[
+                IN_SANDBOX,
+                "run",
+                "--pure",
+                "--format",
+                "json",
+                *self.extra_args,
+                "--",
+                ctx.instruction or "",
+            ],
             env=opencode_env(config),
             home=HOME,
         )

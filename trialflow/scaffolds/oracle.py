@@ -25,7 +25,9 @@ class OracleScaffold(Scaffold):
         await ctx.sandbox.upload(task.solution_dir, SOLUTION_DIR)
         ctx.heartbeat({"phase": "solve"})
         res = await ctx.sandbox.exec(
-            f"bash {SOLUTION_DIR}/solve.sh", timeout_s=ctx.timeout_s,
-            env={**task.config.solution.env, **ctx.env} or None, user=task.config.agent.user,
+            f"bash {SOLUTION_DIR}/solve.sh",
+            timeout_s=ctx.timeout_s,
+            env={**task.config.solution.env, **ctx.env} or None,
+            user=task.config.agent.user,
         )
         return ScaffoldResult(res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s)

@@ -37,7 +37,9 @@ def scaffold_class(name: str) -> type[Scaffold]:
     try:
         target = _REGISTRY[name]
     except KeyError:
-        raise UnknownScaffold(f"unknown scaffold {name!r}; available: {', '.join(available_scaffolds())}") from None
+        raise UnknownScaffold(
+            f"unknown scaffold {name!r}; available: {', '.join(available_scaffolds())}"
+        ) from None
     module, _, cls_name = target.partition(":")
     cls = getattr(importlib.import_module(module), cls_name)
     if not (isinstance(cls, type) and issubclass(cls, Scaffold)):

@@ -62,7 +62,9 @@ class TmuxTerminal:
         width, height = self._size
         res = await self._sandbox.exec(
             ["tmux", "new-session", "-d", "-s", TMUX_SESSION, "-x", str(width), "-y", str(height)],
-            timeout_s=30, user=self._user, env=env or None,
+            timeout_s=30,
+            user=self._user,
+            env=env or None,
         )
         if not res.ok:
             raise ScaffoldSetupFailed(f"tmux new-session failed (exit {res.exit_code}): {res.stderr.strip()}")
@@ -100,8 +102,11 @@ class _Run:
 
     def result(self, exit_code: int, *, timed_out: bool = False) -> ScaffoldResult:
         return ScaffoldResult(
-            exit_code, timed_out, "\n".join(self.log) + ("\n" if self.log else ""),
-            "\n".join(self.errors), time.monotonic() - self.started,
+            exit_code,
+            timed_out,
+            "\n".join(self.log) + ("\n" if self.log else ""),
+            "\n".join(self.errors),
+            time.monotonic() - self.started,
             stop_reason="max_turns" if exit_code == EXIT_MAX_TURNS else None,
         )
 
@@ -134,9 +139,13 @@ class TerminusScaffold(Scaffold):
         if not ctx.openai_base_url or not ctx.model:
             raise ScaffoldSetupFailed("terminus needs the proxy session's openai_base_url and a model")
         state = _Run()
-        terminal = TmuxTerminal(ctx.sandbox, user=ctx.task.config.agent.user, width=self.width, height=self.height)
+        terminal = TmuxTerminal(
+            ctx.sandbox, user=ctx.task.config.agent.user, width=self.width, height=self.height
+        )
         client = openai.AsyncOpenAI(
-            base_url=ctx.openai_base_url, api_key="trialflow", max_retries=0,
+            base_url=ctx.openai_base_url,
+            api_key="trialflow",
+            max_retries=0,
             timeout=self.request_timeout_s or ctx.timeout_s or 3600.0,
         )
         try:
@@ -158,7 +167,10 @@ class TerminusScaffold(Scaffold):
         self, ctx: ScaffoldContext, terminal: TmuxTerminal, client: openai.AsyncOpenAI, state: _Run
     ) -> ScaffoldResult:
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": proto.system_prompt(ctx.instruction or "", max_duration_s=self.max_duration_s)},
+            {
+                "role": "system",
+                "content": proto.system_prompt(ctx.instruction or "", max_duration_s=self.max_duration_s),
+            },
             {"role": "user", "content": proto.screen_message(await terminal.screen())},
         ]
         confirming = False
@@ -179,9 +191,13 @@ class TerminusScaffold(Scaffold):
                 state.parse_failures += 1
                 state.parse_failures_in_row += 1
                 state.record(reply=text, finish_reason=choice.finish_reason, parse_error=str(err))
-                ctx.heartbeat({"scaffold": self.name, "turn": state.turns, "parse_failures": state.parse_failures})
+                ctx.heartbeat(
+                    {"scaffold": self.name, "turn": state.turns, "parse_failures": state.parse_failures}
+                )
                 if state.parse_failures_in_row >= self.max_parse_failures:
-                    state.errors.append(f"{state.parse_failures_in_row} malformed replies in a row; last: {err}")
+                    state.errors.append(
+                        f"{state.parse_failures_in_row} malformed replies in a row; last: {err}"
+                    )
                     return state.result(EXIT_PARSE_FAILURES)
                 messages.append({"role": "user", "content": proto.correction_message(err)})
                 continue
@@ -191,10 +207,15 @@ class TerminusScaffold(Scaffold):
                 await asyncio.sleep(command.duration_s)
             screen = await terminal.screen()
             state.record(
-                reply=text, finish_reason=choice.finish_reason, task_complete=reply.task_complete,
-                commands=[[c.keystrokes, c.duration_s] for c in reply.commands], screen=screen,
+                reply=text,
+                finish_reason=choice.finish_reason,
+                task_complete=reply.task_complete,
+                commands=[[c.keystrokes, c.duration_s] for c in reply.commands],
+                screen=screen,
             )
-            ctx.heartbeat({"scaffold": self.name, "turn": state.turns, "parse_failures": state.parse_failures})
+            ctx.heartbeat(
+                {"scaffold": self.name, "turn": state.turns, "parse_failures": state.parse_failures}
+            )
             if reply.task_complete and confirming:
                 return state.result(EXIT_COMPLETE)
             confirming = reply.task_complete

@@ -20,13 +20,31 @@ from trialflow.verl.convert import (
 from trialflow.verl.step_batch import StepBatch, StepTrial, StragglerPolicy, load_trajectory, run_step
 
 _AGENT_LOOP = {
-    "LoopConfig", "ReplicaDiscoveryError", "SampleIdentity", "TemporalAgentLoop", "TemporalAgentLoopManager",
-    "TrialIdentityError", "TrialRow", "resolve_identity", "stamp_identity", "verl_replica_urls",
+    "LoopConfig",
+    "ReplicaDiscoveryError",
+    "SampleIdentity",
+    "TemporalAgentLoop",
+    "TemporalAgentLoopManager",
+    "TrialIdentityError",
+    "TrialRow",
+    "resolve_identity",
+    "stamp_identity",
+    "verl_replica_urls",
 }
 
 __all__ = [
-    "ConversionError", "ConvertConfig", "ConvertedTrial", "LoopSample", "StepBatch", "StepTrial",
-    "StragglerPolicy", "convert_trial", "extra_fields", "load_trajectory", "loop_metrics", "run_step",
+    "ConversionError",
+    "ConvertConfig",
+    "ConvertedTrial",
+    "LoopSample",
+    "StepBatch",
+    "StepTrial",
+    "StragglerPolicy",
+    "convert_trial",
+    "extra_fields",
+    "load_trajectory",
+    "loop_metrics",
+    "run_step",
     *sorted(_AGENT_LOOP),
 ]
 

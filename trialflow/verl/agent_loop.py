@@ -139,15 +139,25 @@ def resolve_identity(kwargs: dict[str, Any], default_rollouts: int) -> SampleIde
     """A sample's identity from the row kwargs verl passes to ``run`` (see module docstring)."""
     if f"{STAMP_PREFIX}step" in kwargs:
         get = lambda k: _scalar(kwargs[STAMP_PREFIX + k])  # noqa: E731
-        return SampleIdentity(step=int(get("step")), validate=bool(get("validate")), row=int(get("row")),
-                              rollout=int(get("rollout")), rollouts=int(get("rollouts")))
+        return SampleIdentity(
+            step=int(get("step")),
+            validate=bool(get("validate")),
+            row=int(get("row")),
+            rollout=int(get("rollout")),
+            rollouts=int(get("rollouts")),
+        )
     if "global_steps" in kwargs and "session_id" in kwargs and "index" in kwargs:
-        return SampleIdentity(step=int(_scalar(kwargs["global_steps"])), validate=bool(kwargs.get("validate", False)),
-                              row=int(_scalar(kwargs["index"])), rollout=int(_scalar(kwargs["session_id"])),
-                              rollouts=max(default_rollouts, int(_scalar(kwargs["session_id"])) + 1))
+        return SampleIdentity(
+            step=int(_scalar(kwargs["global_steps"])),
+            validate=bool(kwargs.get("validate", False)),
+            row=int(_scalar(kwargs["index"])),
+            rollout=int(_scalar(kwargs["session_id"])),
+            rollouts=max(default_rollouts, int(_scalar(kwargs["session_id"])) + 1),
+        )
     raise TrialIdentityError(
         "no step/rollout identity in the row: set actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-        "trialflow.verl.agent_loop.TemporalAgentLoopManager (or use verl's v1 trainer)")
+        "trialflow.verl.agent_loop.TemporalAgentLoopManager (or use verl's v1 trainer)"
+    )
 
 
 def stamp_identity(non_tensor_batch: dict[str, np.ndarray], meta_info: dict[str, Any]) -> None:
@@ -169,7 +179,9 @@ def stamp_identity(non_tensor_batch: dict[str, np.ndarray], meta_info: dict[str,
     group = np.zeros(n, dtype=np.int64)
     for r in range(row + 1):
         group[rows == r] = (rows == r).sum()
-    non_tensor_batch[STAMP_PREFIX + "step"] = np.full(n, int(meta_info.get("global_steps", -1)), dtype=np.int64)
+    non_tensor_batch[STAMP_PREFIX + "step"] = np.full(
+        n, int(meta_info.get("global_steps", -1)), dtype=np.int64
+    )
     non_tensor_batch[STAMP_PREFIX + "validate"] = np.full(n, bool(meta_info.get("validate", False)))
     non_tensor_batch[STAMP_PREFIX + "row"] = rows
     non_tensor_batch[STAMP_PREFIX + "rollout"] = rollouts
@@ -226,10 +238,26 @@ def _plain(value: Any) -> Any:
 class TemporalAgentLoop(AgentLoopBase):
     """One sample = one trial workflow. Constructor keywords: `LoopConfig` fields."""
 
-    def __init__(self, trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config,
-                 hf_model_type: str | None = None, **kwargs: Any) -> None:
-        super().__init__(trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config,
-                         hf_model_type=hf_model_type)
+    def __init__(
+        self,
+        trainer_config,
+        server_manager,
+        tokenizer,
+        processor,
+        dataset_cls,
+        data_config,
+        hf_model_type: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            trainer_config,
+            server_manager,
+            tokenizer,
+            processor,
+            dataset_cls,
+            data_config,
+            hf_model_type=hf_model_type,
+        )
         ours = {k: _plain(v) for k, v in kwargs.items() if k in LoopConfig.model_fields}
         ignored = sorted(set(kwargs) - set(ours) - _VERL_KWARGS)
         if ignored:
@@ -240,7 +268,9 @@ class TemporalAgentLoop(AgentLoopBase):
         self.convert_config = ConvertConfig(
             prompt_length=int(rollout.prompt_length),
             response_length=int(rollout.response_length),
-            filler_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            filler_token_id=tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else tokenizer.eos_token_id,
             experts_shape=self.loop_config.routed_experts,
             side=self.loop_config.side_segments,
             rewritten=self.loop_config.rewritten_segments,
@@ -265,7 +295,9 @@ class TemporalAgentLoop(AgentLoopBase):
         rollouts = int(self.rollout_config.n)
         ident = resolve_identity(kwargs, rollouts)
         cfg = self.loop_config
-        sampling = {k: _scalar(sampling_params[k]) for k in ("temperature", "top_p", "top_k") if k in sampling_params}
+        sampling = {
+            k: _scalar(sampling_params[k]) for k in ("temperature", "top_p", "top_k") if k in sampling_params
+        }
         sampling.update(cfg.sampling)
         task_path = row.task_path
         return TrialSpec(
@@ -280,15 +312,26 @@ class TemporalAgentLoop(AgentLoopBase):
             sampling=sampling,
             replicas=await self._replicas(),
             step=ident.step,
-            metadata={"row": str(ident.row), "rollout": str(ident.rollout), "validate": str(ident.validate).lower()},
+            metadata={
+                "row": str(ident.row),
+                "rollout": str(ident.rollout),
+                "validate": str(ident.validate).lower(),
+            },
         )
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+    async def run(
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
         spec = await self.build_spec(sampling_params, kwargs)
         cfg = self.loop_config
         policy = StragglerPolicy(deadline_s=cfg.trial_timeout_s, cancel_wait_s=cfg.cancel_wait_s)
-        step = await run_step(await _client(self.settings), _store(self.settings), [spec], policy,
-                              task_queue=cfg.task_queue or self.settings.task_queue)
+        step = await run_step(
+            await _client(self.settings),
+            _store(self.settings),
+            [spec],
+            policy,
+            task_queue=cfg.task_queue or self.settings.task_queue,
+        )
         trial = step.trials[0]
         if trial.load_error:
             log.warning("trial %s: trajectory not read (%s)", spec.trial_id, trial.load_error)

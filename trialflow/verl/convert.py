@@ -124,7 +124,9 @@ class ConvertedTrial:
         return [*self.extras, self.primary]
 
 
-def convert_trial(trajectory: Trajectory | None, result: TrialResult, config: ConvertConfig) -> ConvertedTrial:
+def convert_trial(
+    trajectory: Trajectory | None, result: TrialResult, config: ConvertConfig
+) -> ConvertedTrial:
     """Turn one trial into samples (see the module docstring for every rule)."""
     valid = result.reward_valid
     reward = float(result.reward) if valid else config.invalid_reward
@@ -162,10 +164,11 @@ def _sample(seg: Segment, index: int, kind: str, config: ConvertConfig, masked: 
     logprobs = seg.response_logprobs.tolist()
     if not (len(response) == len(mask) == len(logprobs)):
         raise ConversionError(
-            f"segment {index}: {len(response)} response ids, {len(mask)} mask, {len(logprobs)} logprobs")
+            f"segment {index}: {len(response)} response ids, {len(mask)} mask, {len(logprobs)} logprobs"
+        )
     spill = max(0, len(prompt) - config.prompt_length)
     if spill:
-        moved = prompt[config.prompt_length:]
+        moved = prompt[config.prompt_length :]
         prompt = prompt[: config.prompt_length]
         response = moved + response
         mask = [0] * spill + mask
@@ -199,7 +202,8 @@ def _experts(seg: Segment, index: int, n_tokens: int, config: ConvertConfig) -> 
         return np.zeros(shape, dtype=np.int16)
     if tuple(src.shape[1:]) != tuple(config.experts_shape):
         raise ConversionError(
-            f"segment {index}: routed experts {tuple(src.shape[1:])}, configured {tuple(config.experts_shape)}")
+            f"segment {index}: routed experts {tuple(src.shape[1:])}, configured {tuple(config.experts_shape)}"
+        )
     # verl casts to int16 and reads 0 as "unknown"; our sentinel (255 / -1) would be read
     # as a real expert id, so it is rewritten before handing the rows over.
     rows = src[:n_tokens].astype(np.int16)
@@ -265,4 +269,3 @@ def extra_fields(converted: ConvertedTrial, sample: LoopSample, result: TrialRes
         "turn_scores": [],
         "tool_rewards": [],
     }
-

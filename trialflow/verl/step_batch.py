@@ -65,7 +65,11 @@ class StragglerPolicy:
     def __post_init__(self) -> None:
         if not 0.0 < self.fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
-        if self.grace_s < 0 or self.cancel_wait_s < 0 or (self.deadline_s is not None and self.deadline_s < 0):
+        if (
+            self.grace_s < 0
+            or self.cancel_wait_s < 0
+            or (self.deadline_s is not None and self.deadline_s < 0)
+        ):
             raise ValueError("grace_s, cancel_wait_s and deadline_s must be >= 0")
 
     def quorum(self, n: int) -> int:
@@ -104,8 +108,12 @@ class StepBatch:
 def cancelled_result(spec: TrialSpec, message: str) -> TrialResult:
     """The record of a trial we cancelled and that never reported back."""
     return TrialResult(
-        trial_id=spec.trial_id, batch_id=spec.batch_id, task_name=spec.task_name, scaffold=spec.scaffold,
-        sample_index=spec.sample_index, termination_reason="cancelled",
+        trial_id=spec.trial_id,
+        batch_id=spec.batch_id,
+        task_name=spec.task_name,
+        scaffold=spec.scaffold,
+        sample_index=spec.sample_index,
+        termination_reason="cancelled",
         error=TrialError(type="StragglerCancelled", message=message, phase="pending"),
     )
 
@@ -161,7 +169,9 @@ async def run_step(
     return out
 
 
-async def _await_policy(pending: set[asyncio.Task], policy: StragglerPolicy, started: float) -> set[asyncio.Task]:
+async def _await_policy(
+    pending: set[asyncio.Task], policy: StragglerPolicy, started: float
+) -> set[asyncio.Task]:
     """Wait as the policy says; return the tasks still unfinished when it gives up."""
     n, quorum = len(pending), policy.quorum(len(pending))
     hard_end = None if policy.deadline_s is None else started + policy.deadline_s
@@ -201,8 +211,12 @@ async def _cancel(
     for i in indices:
         slot = slots[i]
         if slot is None:
-            slot = StepTrial(spec=specs[i], result=cancelled_result(specs[i], "cancelled by the straggler policy"),
-                             result_s=time.monotonic() - started, load_error="cancelled before a result")
+            slot = StepTrial(
+                spec=specs[i],
+                result=cancelled_result(specs[i], "cancelled by the straggler policy"),
+                result_s=time.monotonic() - started,
+                load_error="cancelled before a result",
+            )
             slot.loaded_s = slot.result_s
             slots[i] = slot
         slot.cancelled = True

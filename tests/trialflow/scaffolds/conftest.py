@@ -1,10 +1,10 @@
 """Fixtures for the model-driven scaffolds.
 
-    scripted_proxy   async factory: `await scripted_proxy(script, default=...)` -> (ProxyServer,
-                     ScriptedVLLM): the REAL proxy in-process, backed by the ScriptedVLLM test
-                     double (vLLM's /v1/completions wire format through the tiny model's
-                     tokenizer). Both are stopped at teardown.
-    cli_binary       skips the test unless the host npm install of that CLI exists
+scripted_proxy   async factory: `await scripted_proxy(script, default=...)` -> (ProxyServer,
+                 ScriptedVLLM): the REAL proxy in-process, backed by the ScriptedVLLM test
+                 double (vLLM's /v1/completions wire format through the tiny model's
+                 tokenizer). Both are stopped at teardown.
+cli_binary       skips the test unless the host npm install of that CLI exists
 """
 
 from __future__ import annotations
@@ -38,11 +38,15 @@ async def scripted_proxy(tiny_model_dir) -> AsyncIterator:
     async def make(script: list, default=None):
         default = default if default is not None else Reply("Done.")
         tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-        vllm = await ScriptedVLLM(tokenizer=tok, script=list(script), default=default, model="tiny",
-                                  max_model_len=CONTEXT).start()
+        vllm = await ScriptedVLLM(
+            tokenizer=tok, script=list(script), default=default, model="tiny", max_model_len=CONTEXT
+        ).start()
         started.append(vllm)
-        proxy = ProxyServer(model_dir=tiny_model_dir, replicas=[vllm.url],
-                            defaults=SessionConfig(model="tiny", max_context_tokens=CONTEXT))
+        proxy = ProxyServer(
+            model_dir=tiny_model_dir,
+            replicas=[vllm.url],
+            defaults=SessionConfig(model="tiny", max_context_tokens=CONTEXT),
+        )
         await proxy.start()
         started.append(proxy)
         return proxy, vllm

@@ -22,25 +22,43 @@ from trialflow.scaffolds.opencode import opencode_config, opencode_env, summariz
 from trialflow.tasks import load_task
 
 # Shapes as Claude Code 2.1.197 printed them against a scripted endpoint (trimmed).
-CLAUDE_STREAM = "\n".join([
-    json.dumps({"type": "system", "subtype": "init", "tools": ["Bash"]}),
-    json.dumps({"type": "assistant", "message": {"content": [
-        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]}}),
-    json.dumps({"type": "user", "message": {"content": [{"type": "tool_result", "tool_use_id": "toolu_1"}]}}),
-    "this line is not JSON",
-    json.dumps({"type": "assistant", "message": {"content": [{"type": "text", "text": "Done."}]}}),
-    json.dumps({"type": "result", "subtype": "success", "is_error": False, "num_turns": 2, "result": "Done."}),
-])
+CLAUDE_STREAM = "\n".join(
+    [
+        json.dumps({"type": "system", "subtype": "init", "tools": ["Bash"]}),
+        json.dumps(
+            {
+                "type": "assistant",
+                "message": {
+                    "content": [
+                        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}
+                    ]
+                },
+            }
+        ),
+        json.dumps(
+            {"type": "user", "message": {"content": [{"type": "tool_result", "tool_use_id": "toolu_1"}]}}
+        ),
+        "this line is not JSON",
+        json.dumps({"type": "assistant", "message": {"content": [{"type": "text", "text": "Done."}]}}),
+        json.dumps(
+            {"type": "result", "subtype": "success", "is_error": False, "num_turns": 2, "result": "Done."}
+        ),
+    ]
+)
 
 # Shapes as OpenCode 1.18.33 `run --format json` printed them (trimmed).
-OPENCODE_EVENTS = "\n".join([
-    json.dumps({"type": "step_start", "part": {"type": "step-start"}}),
-    json.dumps({"type": "tool_use", "part": {"type": "tool", "tool": "bash", "state": {"status": "completed"}}}),
-    json.dumps({"type": "step_finish", "part": {"reason": "tool-calls"}}),
-    json.dumps({"type": "text", "part": {"text": "Done."}}),
-    json.dumps({"type": "step_finish", "part": {"reason": "stop"}}),
-    "[1, 2]",
-])
+OPENCODE_EVENTS = "\n".join(
+    [
+        json.dumps({"type": "step_start", "part": {"type": "step-start"}}),
+        json.dumps(
+            {"type": "tool_use", "part": {"type": "tool", "tool": "bash", "state": {"status": "completed"}}}
+        ),
+        json.dumps({"type": "step_finish", "part": {"reason": "tool-calls"}}),
+        json.dumps({"type": "text", "part": {"text": "Done."}}),
+        json.dumps({"type": "step_finish", "part": {"reason": "stop"}}),
+        "[1, 2]",
+    ]
+)
 
 
 def test_summarize_claude_stream():
@@ -68,7 +86,9 @@ def test_claude_detail_is_the_error_result_text_only():
     from trialflow.scaffolds.claude_code import ClaudeCodeScaffold
 
     scaffold = ClaudeCodeScaffold()
-    failed = json.dumps({"type": "result", "subtype": "success", "is_error": True, "result": "API Error: too long"})
+    failed = json.dumps(
+        {"type": "result", "subtype": "success", "is_error": True, "result": "API Error: too long"}
+    )
     assert scaffold.detail(summarize_stream(failed)) == "API Error: too long"
     assert scaffold.detail(summarize_stream(CLAUDE_STREAM)) is None  # success: no detail
     assert scaffold.detail(summarize_stream("")) is None
@@ -76,8 +96,17 @@ def test_claude_detail_is_the_error_result_text_only():
 
 def test_summarize_opencode_events():
     s = summarize_events(OPENCODE_EVENTS)
-    assert (s.events, s.steps, s.tool_uses, s.errors, s.last_finish_reason, s.bad_lines) == (5, 2, 1, (), "stop", 1)
-    err = json.dumps({"type": "error", "error": {"name": "APIError", "data": {"message": "Cannot connect to API"}}})
+    assert (s.events, s.steps, s.tool_uses, s.errors, s.last_finish_reason, s.bad_lines) == (
+        5,
+        2,
+        1,
+        (),
+        "stop",
+        1,
+    )
+    err = json.dumps(
+        {"type": "error", "error": {"name": "APIError", "data": {"message": "Cannot connect to API"}}}
+    )
     assert summarize_events(err).errors == ("Cannot connect to API",)
     assert summarize_events(json.dumps({"type": "error", "error": "boom"})).errors == ("boom",)
 
@@ -102,7 +131,10 @@ def test_claude_env():
 def test_opencode_config_and_env():
     cfg = opencode_config("http://h/s/a/b/v1", "tiny")
     provider = cfg["provider"]["trialflow"]
-    assert provider["npm"] == "@ai-sdk/openai-compatible" and provider["options"]["baseURL"] == "http://h/s/a/b/v1"
+    assert (
+        provider["npm"] == "@ai-sdk/openai-compatible"
+        and provider["options"]["baseURL"] == "http://h/s/a/b/v1"
+    )
     assert cfg["model"] == cfg["small_model"] == "trialflow/tiny"
     assert "limit" not in provider["models"]["tiny"]
     limited = opencode_config("u", "m", context_limit=2048, output_limit=256)
@@ -150,8 +182,10 @@ class _UntouchedSandbox(Sandbox):
         raise AssertionError("sandbox used")
 
 
-@pytest.mark.parametrize(("name", "needs"), [("claude-code", "anthropic_base_url"), ("opencode", "openai_base_url"),
-                                             ("terminus", "openai_base_url")])
+@pytest.mark.parametrize(
+    ("name", "needs"),
+    [("claude-code", "anthropic_base_url"), ("opencode", "openai_base_url"), ("terminus", "openai_base_url")],
+)
 async def test_model_scaffolds_without_a_proxy_session_fail_setup_before_touching_the_sandbox(name, needs):
     scaffold = get_scaffold(name)
     assert scaffold.name == name and scaffold.needs_model is True

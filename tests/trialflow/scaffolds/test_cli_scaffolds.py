@@ -28,19 +28,28 @@ async def _context(sandbox_for, proxy, scaffold, *, timeout_s=180.0, mounts=True
     sandbox = await sandbox_for(task, mounts=scaffold.mounts() if mounts else ())
     handle = proxy.open_session()
     beats: list[dict] = []
-    ctx = ScaffoldContext(sandbox=sandbox, task=task, anthropic_base_url=handle.anthropic_base_url,
-                          openai_base_url=handle.openai_base_url, model="tiny", timeout_s=timeout_s,
-                          heartbeat=beats.append, **kw)
+    ctx = ScaffoldContext(
+        sandbox=sandbox,
+        task=task,
+        anthropic_base_url=handle.anthropic_base_url,
+        openai_base_url=handle.openai_base_url,
+        model="tiny",
+        timeout_s=timeout_s,
+        heartbeat=beats.append,
+        **kw,
+    )
     return task, handle, ctx, beats
 
 
 async def test_claude_code_solves_create_file(sandbox_for, scripted_proxy, tmp_path):
     scaffold = get_scaffold("claude-code", max_turns=5)
     require_cli(scaffold)
-    proxy, vllm = await scripted_proxy([
-        Reply(hermes_call("Bash", {"command": CREATE, "description": "Create hello.txt"})),
-        Reply("I created /app/hello.txt."),
-    ])
+    proxy, vllm = await scripted_proxy(
+        [
+            Reply(hermes_call("Bash", {"command": CREATE, "description": "Create hello.txt"})),
+            Reply("I created /app/hello.txt."),
+        ]
+    )
     task, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, log_dir=tmp_path / "logs")
 
     result = await scaffold.run(ctx)
@@ -148,14 +157,17 @@ async def test_claude_code_runs_as_the_tasks_agent_user(sandbox_for, scripted_pr
     (task_dir / "task.toml").write_text(toml)
     task = load_task(task_dir)
     assert task.config.agent.user == "nobody"
-    proxy, _ = await scripted_proxy([
-        Reply(hermes_call("Bash", {"command": "id -un > /tmp/agent-user.txt", "description": "who"})),
-        Reply("Done."),
-    ])
+    proxy, _ = await scripted_proxy(
+        [
+            Reply(hermes_call("Bash", {"command": "id -un > /tmp/agent-user.txt", "description": "who"})),
+            Reply("Done."),
+        ]
+    )
     sandbox = await sandbox_for(task, mounts=scaffold.mounts())
     handle = proxy.open_session()
-    ctx = ScaffoldContext(sandbox=sandbox, task=task, anthropic_base_url=handle.anthropic_base_url,
-                          model="tiny", timeout_s=180)
+    ctx = ScaffoldContext(
+        sandbox=sandbox, task=task, anthropic_base_url=handle.anthropic_base_url, model="tiny", timeout_s=180
+    )
 
     result = await scaffold.run(ctx)
 

@@ -27,7 +27,9 @@ CONTEXT = 2048
 @pytest.fixture
 async def real_proxy(vllm_url, tiny_model_dir, vllm_model_name):
     # Short outputs keep the CPU time small; the session clamps to the context left anyway.
-    config = SessionConfig(model=vllm_model_name, max_context_tokens=CONTEXT, sampling=SamplingParams(max_tokens=48))
+    config = SessionConfig(
+        model=vllm_model_name, max_context_tokens=CONTEXT, sampling=SamplingParams(max_tokens=48)
+    )
     proxy = ProxyServer(model_dir=tiny_model_dir, replicas=[vllm_url], defaults=config)
     await proxy.start()
     yield proxy
@@ -38,16 +40,26 @@ async def _ctx(sandbox_for, proxy, scaffold, model, timeout_s=240.0):
     task = load_task(EXAMPLES / "create-file")
     sandbox = await sandbox_for(task, mounts=scaffold.mounts())
     handle = proxy.open_session()
-    ctx = ScaffoldContext(sandbox=sandbox, task=task, anthropic_base_url=handle.anthropic_base_url,
-                          openai_base_url=handle.openai_base_url, model=model, timeout_s=timeout_s)
+    ctx = ScaffoldContext(
+        sandbox=sandbox,
+        task=task,
+        anthropic_base_url=handle.anthropic_base_url,
+        openai_base_url=handle.openai_base_url,
+        model=model,
+        timeout_s=timeout_s,
+    )
     return handle, ctx
 
 
 @pytest.mark.scaffold_cli
 async def test_claude_code_small_prompt_generates_through_real_vllm(sandbox_for, real_proxy, vllm_model_name):
     # Claude Code's full tool set does not fit 2048 tokens; a short system prompt and no tools do.
-    scaffold = get_scaffold("claude-code", max_turns=2, max_retries=0,
-                            extra_args=["--system-prompt", "You are a terse coding agent.", "--tools", ""])
+    scaffold = get_scaffold(
+        "claude-code",
+        max_turns=2,
+        max_retries=0,
+        extra_args=["--system-prompt", "You are a terse coding agent.", "--tools", ""],
+    )
     require_cli(scaffold)
     handle, ctx = await _ctx(sandbox_for, real_proxy, scaffold, vllm_model_name)
 
@@ -61,7 +73,9 @@ async def test_claude_code_small_prompt_generates_through_real_vllm(sandbox_for,
 
 
 @pytest.mark.scaffold_cli
-async def test_claude_code_full_prompt_hits_the_context_limit_cleanly(sandbox_for, real_proxy, vllm_model_name):
+async def test_claude_code_full_prompt_hits_the_context_limit_cleanly(
+    sandbox_for, real_proxy, vllm_model_name
+):
     scaffold = get_scaffold("claude-code", max_turns=2, max_retries=0)
     require_cli(scaffold)
     handle, ctx = await _ctx(sandbox_for, real_proxy, scaffold, vllm_model_name)

@@ -18,11 +18,16 @@ pytestmark = pytest.mark.docker
 
 
 def reply(commands=(), done=False, analysis="") -> Reply:
-    return Reply(json.dumps({
-        "analysis": analysis, "plan": "",
-        "commands": [{"keystrokes": k, "duration": d} for k, d in commands],
-        "task_complete": done,
-    }))
+    return Reply(
+        json.dumps(
+            {
+                "analysis": analysis,
+                "plan": "",
+                "commands": [{"keystrokes": k, "duration": d} for k, d in commands],
+                "task_complete": done,
+            }
+        )
+    )
 
 
 async def _run(sandbox_for, scripted_proxy, script, *, timeout_s=120.0, close_first=False, **options):
@@ -33,8 +38,14 @@ async def _run(sandbox_for, scripted_proxy, script, *, timeout_s=120.0, close_fi
     if close_first:
         await proxy.close_session(handle.session_id)
     beats: list[dict] = []
-    ctx = ScaffoldContext(sandbox=sandbox, task=task, openai_base_url=handle.openai_base_url, model="tiny",
-                          timeout_s=timeout_s, heartbeat=beats.append)
+    ctx = ScaffoldContext(
+        sandbox=sandbox,
+        task=task,
+        openai_base_url=handle.openai_base_url,
+        model="tiny",
+        timeout_s=timeout_s,
+        heartbeat=beats.append,
+    )
     result = await get_scaffold("terminus", **options).run(ctx)
     turns = [json.loads(line) for line in result.stdout.splitlines()]
     return proxy, handle, ctx, result, turns, beats

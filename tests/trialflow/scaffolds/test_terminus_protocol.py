@@ -25,12 +25,17 @@ from trialflow.scaffolds._terminus_protocol import (
 
 
 def test_plain_reply():
-    text = json.dumps({
-        "analysis": "empty dir", "plan": "create it",
-        "commands": [{"keystrokes": "echo hi > a.txt\n", "duration": 0.5}],
-        "task_complete": False,
-    })
-    assert parse_reply(text) == AgentReply("empty dir", "create it", (Command("echo hi > a.txt\n", 0.5),), False)
+    text = json.dumps(
+        {
+            "analysis": "empty dir",
+            "plan": "create it",
+            "commands": [{"keystrokes": "echo hi > a.txt\n", "duration": 0.5}],
+            "task_complete": False,
+        }
+    )
+    assert parse_reply(text) == AgentReply(
+        "empty dir", "create it", (Command("echo hi > a.txt\n", 0.5),), False
+    )
 
 
 def test_fenced_reply_with_prose_and_stray_braces():
@@ -88,7 +93,9 @@ def test_duration_clamped():
 
 
 def test_default_duration_respects_max():
-    assert parse_reply('{"commands": [{"keystrokes": "a"}]}', max_duration_s=0.2).commands[0].duration_s == 0.2
+    assert (
+        parse_reply('{"commands": [{"keystrokes": "a"}]}', max_duration_s=0.2).commands[0].duration_s == 0.2
+    )
 
 
 @pytest.mark.parametrize("key", ["C-c", "C-d", "M-x", "Enter", "Escape", "Up", "F5", "C-\\", "Tab"])
@@ -99,7 +106,10 @@ def test_key_names_are_sent_as_keys(key):
 def test_text_is_literal_and_newlines_press_enter():
     assert keystroke_plan("ls -la\n") == [KeyChunk("ls -la", True), KeyChunk("Enter", False)]
     assert keystroke_plan("a\n\nb") == [
-        KeyChunk("a", True), KeyChunk("Enter", False), KeyChunk("Enter", False), KeyChunk("b", True),
+        KeyChunk("a", True),
+        KeyChunk("Enter", False),
+        KeyChunk("Enter", False),
+        KeyChunk("b", True),
     ]
     # Words that merely contain a key name are text.
     assert keystroke_plan("Enter the dir") == [KeyChunk("Enter the dir", True)]
@@ -122,7 +132,11 @@ def test_plan_reassembles_to_the_input(text):
     st.text(max_size=30),
 )
 def test_roundtrip_of_any_valid_reply(cmds, done, analysis):
-    obj = {"analysis": analysis, "commands": [{"keystrokes": k, "duration": d} for k, d in cmds], "task_complete": done}
+    obj = {
+        "analysis": analysis,
+        "commands": [{"keystrokes": k, "duration": d} for k, d in cmds],
+        "task_complete": done,
+    }
     reply = parse_reply("model says:\n" + json.dumps(obj))
     assert reply == AgentReply(analysis, "", tuple(Command(k, d) for k, d in cmds), done)
 
@@ -135,5 +149,7 @@ def test_prompt_texts():
     assert parse_reply(prompt).commands == (Command("ls -la\n", 0.5),)
     assert screen_message("x" * 50, max_chars=10).endswith("x" * 10)
     assert "earlier output cut" in screen_message("x" * 50, max_chars=10)
-    assert "confirm" not in correction_message(ReplyParseError("bad")) and "bad" in correction_message(ReplyParseError("bad"))
+    assert "confirm" not in correction_message(ReplyParseError("bad")) and "bad" in correction_message(
+        ReplyParseError("bad")
+    )
     assert "task_complete" in confirm_message("$ ")
