@@ -48,6 +48,7 @@ from workflows.shared import (
     TrialError,
     TrialResult,
     TrialSpec,
+    safe_id_part,
 )
 
 ResultCallback = Callable[[TrialResult], Awaitable[None] | None]
@@ -56,6 +57,59 @@ ResultCallback = Callable[[TrialResult], Awaitable[None] | None]
 async def connect(address: str, namespace: str = "default") -> Client:
     """A client with the pydantic data converter (TrialSpec/TrialResult are pydantic)."""
     return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+
+
+class TrialIdCollision(ValueError):
+    """Two different trials of one batch would get the same workflow id (raised before
+    anything is submitted). The message lists every clash, one per line."""
+
+
+def task_labels(task_paths: Sequence[str | Path]) -> list[str]:
+    """A name per task directory, unique within the batch: its basename, or as many
+    trailing path parts as it takes to tell it from the others (``a/fix-bug`` and
+    ``b/fix-bug``). Uniqueness is judged on the id-safe form (`safe_id_part`), since
+    that is what workflow ids hold. Raises `TrialIdCollision` when a directory is given
+    twice or two paths cannot be told apart."""
+    resolved = [Path(p).resolve() for p in task_paths]
+    seen: dict[Path, int] = {}
+    problems = []
+    for i, path in enumerate(resolved):
+        if path in seen:
+            problems.append(f"{path}: given twice (use --attempts for more samples of one task)")
+        seen.setdefault(path, i)
+    if problems:
+        raise TrialIdCollision("\n".join(problems))
+    depth = [1] * len(resolved)
+
+    def label(i: int) -> str:
+        return "/".join(resolved[i].parts[-depth[i] :])
+
+    while True:
+        by_id: dict[str, list[int]] = {}
+        for i in range(len(resolved)):
+            by_id.setdefault(safe_id_part(label(i)), []).append(i)
+        clashes = [group for group in by_id.values() if len(group) > 1]
+        if not clashes:
+            return [label(i) for i in range(len(resolved))]
+        for group in clashes:
+            for i in group:
+                if depth[i] >= len(resolved[i].parts):
+                    names = ", ".join(str(resolved[j]) for j in group)
+                    raise TrialIdCollision(f"task directories {names} give the same trial id")
+                depth[i] += 1
+
+
+def check_unique_ids(specs: Sequence[TrialSpec]) -> None:
+    """Refuse a batch in which two different trials share a workflow id (the second would
+    silently attach to the first). Same id with the same task and sample is one trial."""
+    first: dict[str, TrialSpec] = {}
+    problems = []
+    for spec in specs:
+        other = first.setdefault(spec.trial_id, spec)
+        if other is not spec and (other.task_path, other.sample_index) != (spec.task_path, spec.sample_index):
+            problems.append(f"{spec.trial_id}: both {other.task_path} and {spec.task_path}")
+    if problems:
+        raise TrialIdCollision("trial ids clash:\n" + "\n".join(problems))
 
 
 def make_specs(
@@ -68,18 +122,20 @@ def make_specs(
 ) -> list[TrialSpec]:
     """`samples` trials per task (sample_index 0..samples-1), in task order.
 
-    The task name is the task directory's name (what `trialflow.tasks.Task.name` is).
-    `spec_fields` go to every TrialSpec (attempt_limit, agent_timeout_s, model, ...).
+    The task name is the task directory's name, or its shortest unique trailing path
+    (`task_labels`) when two directories of the batch share a name; a directory given
+    twice raises `TrialIdCollision`. `spec_fields` go to every TrialSpec
+    (attempt_limit, agent_timeout_s, model, ...).
     """
+    paths = [Path(p).resolve() for p in task_paths]
     specs = []
-    for path in task_paths:
-        resolved = Path(path).resolve()
+    for resolved, name in zip(paths, task_labels(paths), strict=True):
         for i in range(samples):
             specs.append(
                 TrialSpec(
                     batch_id=batch_id,
                     task_path=str(resolved),
-                    task_name=resolved.name,
+                    task_name=name,
                     scaffold=scaffold,
                     sample_index=i,
                     **spec_fields,
@@ -128,7 +184,9 @@ async def submit(
     task_queue: str = SHARED_QUEUE,
     concurrency: int = 32,
 ) -> list[WorkflowHandle]:
-    """Submit every spec (bounded concurrency); handles in spec order."""
+    """Submit every spec (bounded concurrency); handles in spec order. Raises
+    `TrialIdCollision` before submitting anything when two trials would share an id."""
+    check_unique_ids(specs)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(spec: TrialSpec) -> WorkflowHandle:

@@ -6,7 +6,8 @@ later without breaking recorded histories (new fields need defaults).
 
 Identity and layout rules (pure functions, used by the workflow AND by clients):
 
-- workflow id: ``trial-{batch_id}-{task_name}-{sample_index}`` (`trial_id`); the n-th replay
+- workflow id: ``trial-{batch_id}-{task_name}-{sample_index}`` (`trial_id`; `task_name` is unique
+  within a batch: `trialflow.batch.task_labels`, and `batch.submit` refuses clashing ids); the n-th replay
   of a failed trial gets ``{that id}-r{n}`` and names the original in `TrialSpec.replay_of`
   (also in the workflow memo).
 - shared task queue: `SHARED_QUEUE` (workflows, result storage, teardown fallback: any
