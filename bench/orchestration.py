@@ -128,8 +128,8 @@ def stats(xs: list[float]) -> dict:
 async def bench(args: argparse.Namespace) -> dict:
     import docker
 
-    from infra.base_image import ensure_base_image
     from trialflow.sandbox import DockerBackend
+    from trialflow.sandbox.base_image import ensure_base_image
     from trialflow.tasks import load_task
 
     task_path = REPO / "examples" / "tasks" / args.task

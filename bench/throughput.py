@@ -217,8 +217,8 @@ async def level(client, settings, process, dclient, n: int, args: argparse.Names
 async def bench(args: argparse.Namespace) -> dict:
     import docker
 
-    from infra.base_image import ensure_base_image
     from trialflow.sandbox import DockerBackend
+    from trialflow.sandbox.base_image import ensure_base_image
     from trialflow.tasks import load_task
 
     dclient = docker.from_env()

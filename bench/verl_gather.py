@@ -86,14 +86,14 @@ def bytes_per_token() -> list[dict]:
 
 
 async def gather_bench(args: argparse.Namespace) -> dict:
+    import docker
+
     import worker_main
-    from infra.base_image import ensure_base_image
     from trialflow import batch
+    from trialflow.sandbox.base_image import ensure_base_image
     from trialflow.settings import load_settings
     from trialflow.verl.convert import ConvertConfig, convert_trial
     from trialflow.verl.step_batch import run_step
-
-    import docker
 
     ensure_base_image(docker.from_env())
     suffix = uuid.uuid4().hex[:8]

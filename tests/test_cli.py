@@ -23,7 +23,7 @@ BROKEN = REPO / "tests" / "trialflow" / "fixtures" / "tasks" / "broken-dockerfil
 
 @pytest.fixture(scope="module")
 def cli_env(temporal_address, s3_endpoint, docker_client) -> dict[str, str]:
-    from infra.base_image import ensure_base_image
+    from trialflow.sandbox.base_image import ensure_base_image
 
     ensure_base_image(docker_client)
     suffix = uuid.uuid4().hex[:8]

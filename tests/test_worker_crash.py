@@ -124,7 +124,7 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
     tiny_model_dir,
     tmp_path,
 ):
-    from infra.base_image import ensure_base_image
+    from trialflow.sandbox.base_image import ensure_base_image
 
     ensure_base_image(docker_client)
     suffix = uuid.uuid4().hex[:8]
@@ -234,7 +234,7 @@ async def test_sigterm_drains_running_trials_before_exit(
 ):
     """SIGTERM mid-scaffold: the lone worker takes nothing new but runs its trial through
     verify and teardown, then exits 0; the trial completes with reward 1, one attempt."""
-    from infra.base_image import ensure_base_image
+    from trialflow.sandbox.base_image import ensure_base_image
 
     ensure_base_image(docker_client)
     suffix = uuid.uuid4().hex[:8]

@@ -65,7 +65,7 @@ def _dead_url() -> str:
 async def test_replicas_down_is_a_retried_infra_error(
     temporal_address, s3_endpoint, docker_client, tiny_model_dir
 ):
-    from infra.base_image import ensure_base_image
+    from trialflow.sandbox.base_image import ensure_base_image
 
     ensure_base_image(docker_client)
     suffix = uuid.uuid4().hex[:8]

@@ -54,7 +54,7 @@ register_scaffold("test-crash", f"{__name__}:CrashingScaffold")
 
 @pytest.fixture(scope="module")
 def settings(temporal_address, s3_endpoint, docker_client) -> TrialflowSettings:
-    from infra.base_image import ensure_base_image
+    from trialflow.sandbox.base_image import ensure_base_image
 
     ensure_base_image(docker_client)
     suffix = uuid.uuid4().hex[:8]

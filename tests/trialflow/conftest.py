@@ -28,7 +28,7 @@ SAMPLE_TASKS = sorted(p.name for p in EXAMPLES.iterdir() if (p / "task.toml").ex
 
 @pytest.fixture(scope="session")
 def base_image(docker_client) -> str:
-    from infra.base_image import ensure_base_image
+    from trialflow.sandbox.base_image import ensure_base_image
 
     return ensure_base_image(docker_client)
 

@@ -82,7 +82,7 @@ register_scaffold("test-sleep", f"{__name__}:SleepScaffold")
 def settings(
     temporal_address, s3_endpoint, docker_client, vllm_url, vllm_model_name, tiny_model_dir
 ) -> TrialflowSettings:
-    from infra.base_image import ensure_base_image
+    from trialflow.sandbox.base_image import ensure_base_image
 
     ensure_base_image(docker_client)
     suffix = uuid.uuid4().hex[:8]

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from infra.base_image import (
+from trialflow.sandbox.base_image import (
     BASE_IMAGE,
     PACKAGES,
     ensure_base_image,

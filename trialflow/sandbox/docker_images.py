@@ -1,0 +1,164 @@
+"""Task images for the Docker backend: build once per environment hash, make missing bases.
+
+Each task's environment/ is built once per content hash and tagged
+`trialflow-task:<env_hash[:32]>` (`Task.image_tag`); a second request for the same
+environment is a cache hit (`ImageInfo.built is False`). Builds use host networking (no
+bridge exists here) and never pull (`FROM` must name a local image such as
+`trialflow-base:bookworm`, which is made first when it is missing: see `base_images`).
+`[environment].build_timeout_sec` bounds the build; a task with `docker_image` uses that
+local image as is (`ImageUnavailable` when it is absent). Changing a base image does not
+change task hashes: remove `trialflow-task:*` images then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
+
+import docker
+import docker.errors
+import requests.exceptions
+import urllib3.exceptions
+
+from trialflow.errors import BaseImageUnavailable, ImageBuildFailed, ImageBuildTimeout, ImageUnavailable
+from trialflow.sandbox.base import ImageInfo
+from trialflow.sandbox.reaper import LABEL_MANAGED
+
+if TYPE_CHECKING:
+    from trialflow.tasks import Task
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+BUILD_GRACE_S = 30.0  # host-side slack past the build timeout before giving up on the thread
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+#: Makes a missing base image on the given engine (returns anything; its result is unused).
+BaseImageMaker = Callable[[docker.DockerClient], object]
+
+
+def dockerfile_bases(text: str) -> list[str]:
+    """Images named by the FROM lines of a Dockerfile, in order (flags like --platform skipped)."""
+    return _FROM.findall(text)
+
+
+def _ensure_trialflow_base(client: docker.DockerClient) -> object:
+    from trialflow.sandbox.base_image import ensure_base_image  # lazy: debootstrap tooling
+
+    return ensure_base_image(client)
+
+
+DEFAULT_BASE_IMAGES: dict[str, BaseImageMaker] = {
+    "trialflow-base:bookworm": _ensure_trialflow_base,
+}
+
+
+class DockerImages:
+    """Builds and finds task images on one engine. `run` executes a blocking call off the
+    event loop (the backend's thread pool). Concurrent requests for one tag build once;
+    missing base images are made one at a time."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        run: Callable[[Callable[[], T]], Awaitable[T]],
+        base_images: Mapping[str, BaseImageMaker] | None = None,
+    ) -> None:
+        self.client = client
+        self._run = run
+        self._build_locks: dict[str, asyncio.Lock] = {}
+        self._base_images = dict(DEFAULT_BASE_IMAGES if base_images is None else base_images)
+        self._base_lock = asyncio.Lock()
+
+    async def ensure(self, task: Task) -> ImageInfo:
+        """Build the task image unless its tag exists."""
+        tag = task.image_tag
+        lock = self._build_locks.setdefault(tag, asyncio.Lock())
+        async with lock:
+            t0 = time.monotonic()
+            found = await self._run(lambda: self.image_id(tag))
+            if found:
+                return ImageInfo(tag, found, built=False, duration_s=time.monotonic() - t0)
+            if task.config.environment.docker_image:
+                raise ImageUnavailable(
+                    f"task {task.name}: image {tag} ([environment].docker_image) is not present "
+                    "locally and images cannot be pulled here"
+                )
+            if task.dockerfile is not None:
+                await self._ensure_bases(task.dockerfile.read_text(errors="replace"))
+            timeout = task.config.environment.build_timeout_sec
+            try:
+                tail = await asyncio.wait_for(
+                    self._run(lambda: self._build_blocking(task, tag, timeout)), timeout + BUILD_GRACE_S
+                )
+            except TimeoutError:
+                raise ImageBuildTimeout(f"task {task.name}: image build exceeded {timeout:.0f}s") from None
+            image_id = await self._run(lambda: self.image_id(tag))
+            if not image_id:
+                raise ImageBuildFailed(f"task {task.name}: build finished but {tag} is missing", tail)
+            duration = time.monotonic() - t0
+            log.info("built %s for task %s in %.1fs", tag, task.name, duration)
+            return ImageInfo(tag, image_id, built=True, duration_s=duration, log_tail=tail)
+
+    async def _ensure_bases(self, dockerfile: str) -> None:
+        for base in dockerfile_bases(dockerfile):
+            make = self._base_images.get(base)
+            if make is None:
+                continue
+            async with self._base_lock:
+                if await self._run(lambda b=base: self.image_id(b)):
+                    continue
+                log.info("base image %s is missing: making it", base)
+                try:
+                    await self._run(lambda m=make: m(self.client))
+                except Exception as e:  # debootstrap/mirror trouble: worth another attempt
+                    raise BaseImageUnavailable(f"could not make base image {base}: {e}") from e
+
+    def image_id(self, tag: str) -> str | None:
+        """The local image's id, None when absent (blocking)."""
+        try:
+            return self.client.images.get(tag).id
+        except docker.errors.ImageNotFound:
+            return None
+
+    def _build_blocking(self, task: Task, tag: str, timeout: float) -> str:
+        lines: deque[str] = deque(maxlen=60)
+        t0 = time.monotonic()
+        try:
+            stream = self.client.api.build(
+                path=str(task.environment_dir),
+                tag=tag,
+                network_mode="host",
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
+                timeout=timeout,
+                labels={LABEL_MANAGED: "true", "trialflow.env_hash": task.env_hash},
+            )
+            for chunk in stream:
+                if "stream" in chunk:
+                    lines.extend(chunk["stream"].rstrip("\n").splitlines())
+                if "error" in chunk:
+                    lines.append(chunk["error"])
+                    raise ImageBuildFailed(
+                        f"task {task.name}: docker build failed: {chunk['error'].strip()}", "\n".join(lines)
+                    )
+                if time.monotonic() - t0 > timeout:
+                    stream.close()  # closing the connection makes the engine cancel the build
+                    raise ImageBuildTimeout(
+                        f"task {task.name}: image build exceeded {timeout:.0f}s", "\n".join(lines)
+                    )
+        # A silent build step hits the HTTP read timeout: from urllib3 directly while streaming.
+        except (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError):
+            raise ImageBuildTimeout(
+                f"task {task.name}: image build exceeded {timeout:.0f}s", "\n".join(lines)
+            ) from None
+        except docker.errors.APIError as e:
+            raise ImageBuildFailed(f"task {task.name}: docker build rejected: {e}", "\n".join(lines)) from e
+        return "\n".join(lines)

@@ -1,0 +1,238 @@
+"""One Docker container as a `Sandbox`: exec, upload, download, stop (lifecycle in
+`trialflow.sandbox.base`; create sandboxes through `DockerBackend`).
+
+Exec timeouts run the command under coreutils `timeout -s KILL` inside the container (kills
+the command's process group; exit 137). If the output stream stays open past the deadline
+plus a grace period (a daemonized child holding stdout), the exec is abandoned on the host
+side and reported as timed out with empty output. Each stream keeps its last
+`output_cap` bytes (`_TailBuffer`). Engine errors that mean the container is gone (404,
+409 "not running", engine unreachable) become `SandboxLost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import tarfile
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import docker.errors
+import requests.exceptions
+
+from trialflow.errors import SandboxLost, SandboxPathNotFound, SandboxStartFailed
+from trialflow.sandbox.base import ExecResult, Sandbox
+
+if TYPE_CHECKING:
+    from trialflow.sandbox.docker import DockerBackend
+
+T = TypeVar("T")
+
+
+class _TailBuffer:
+    """Keeps the last `cap` bytes of a stream and counts what was dropped."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.dropped, self.size = cap, 0, 0
+        self.chunks: deque[bytes] = deque()
+
+    def add(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        while self.size - len(self.chunks[0]) >= self.cap:
+            gone = self.chunks.popleft()
+            self.size -= len(gone)
+            self.dropped += len(gone)
+
+    def text(self) -> str:
+        data = b"".join(self.chunks)
+        if len(data) > self.cap:
+            self.dropped += len(data) - self.cap
+            data = data[-self.cap :]
+        body = data.decode("utf-8", errors="replace")
+        return f"[trialflow: {self.dropped} earlier bytes truncated]\n{body}" if self.dropped else body
+
+
+def _tar_local(local: Path) -> io.BytesIO:
+    buf = io.BytesIO()
+
+    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        if local.is_dir():
+            for child in sorted(local.iterdir()):
+                tar.add(child, arcname=child.name, filter=as_root)
+        else:
+            tar.add(local, arcname=local.name, filter=as_root)
+    buf.seek(0)
+    return buf
+
+
+class DockerSandbox(Sandbox):
+    """A container managed by `DockerBackend`. Create it through the backend."""
+
+    def __init__(self, backend: DockerBackend, container_id: str, name: str) -> None:
+        self._backend = backend
+        self._cid = container_id
+        self._name = name
+        self._stopped = False
+
+    @property
+    def id(self) -> str:
+        return self._name
+
+    @property
+    def container_id(self) -> str:
+        return self._cid
+
+    def __repr__(self) -> str:
+        return f"DockerSandbox({self._name!r})"
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return await self._backend._run(fn)
+        except docker.errors.NotFound as e:
+            raise SandboxLost(f"sandbox {self._name} no longer exists: {e}") from e
+        except docker.errors.APIError as e:
+            if e.status_code == 409:  # "container ... is not running"
+                raise SandboxLost(f"sandbox {self._name} is not running: {e}") from e
+            raise
+        except requests.exceptions.ConnectionError as e:
+            raise SandboxLost(f"docker engine unreachable while using {self._name}: {e}") from e
+
+    async def start(self) -> None:
+        api = self._backend.client.api
+        try:
+            state = await self._call(lambda: api.inspect_container(self._cid)["State"])
+            if not state.get("Running"):
+                await self._call(lambda: api.start(self._cid))
+        except SandboxLost:
+            raise
+        except docker.errors.APIError as e:
+            raise SandboxStartFailed(f"could not start sandbox {self._name}: {e}") from e
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | int | None = None,
+        workdir: str | None = None,
+    ) -> ExecResult:
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if timeout_s is not None:
+            # coreutils `timeout` takes fractional seconds; KILL because TERM can be trapped.
+            argv = ["timeout", "-s", "KILL", f"{max(timeout_s, 0.001):.3f}", *argv]
+        t0 = time.monotonic()
+        blocking = lambda: self._exec_blocking(argv, env, user, workdir)
+        try:
+            if timeout_s is None:
+                code, out, err = await self._call(blocking)
+            else:
+                grace = self._backend.exec_grace_s
+                code, out, err = await asyncio.wait_for(self._call(blocking), timeout_s + grace)
+        except TimeoutError:
+            return ExecResult(
+                exit_code=137,
+                stdout="",
+                timed_out=True,
+                duration_s=time.monotonic() - t0,
+                stderr=f"[trialflow: output stream still open {grace:g}s after the timeout "
+                f"(a background process kept it open); exec abandoned]",
+            )
+        duration = time.monotonic() - t0
+        timed_out = timeout_s is not None and code in (124, 137) and duration >= timeout_s
+        return ExecResult(code, out, err, timed_out, duration)
+
+    def _exec_blocking(
+        self, argv: list[str], env: Mapping[str, str] | None, user: str | int | None, workdir: str | None
+    ) -> tuple[int, str, str]:
+        api = self._backend.client.api
+        ex = api.exec_create(
+            self._cid,
+            argv,
+            stdout=True,
+            stderr=True,
+            stdin=False,
+            tty=False,
+            environment=dict(env) if env else None,
+            user="" if user is None else str(user),
+            workdir=workdir,
+        )
+        out, err = _TailBuffer(self._backend.output_cap), _TailBuffer(self._backend.output_cap)
+        for o, e in api.exec_start(ex["Id"], stream=True, demux=True):
+            if o:
+                out.add(o)
+            if e:
+                err.add(e)
+        code = api.exec_inspect(ex["Id"])["ExitCode"]
+        return (-1 if code is None else code), out.text(), err.text()
+
+    async def upload(self, local_path: str | Path, remote_dir: str) -> None:
+        local = Path(local_path)
+        if not local.exists():
+            raise FileNotFoundError(f"upload source does not exist: {local}")
+        mk = await self.exec(["mkdir", "-p", remote_dir], user="0")
+        if not mk.ok:
+            raise SandboxLost(f"mkdir -p {remote_dir} failed in {self._name}: {mk.stderr.strip()}")
+        data = await self._backend._run(lambda: _tar_local(local))
+        api = self._backend.client.api
+        await self._call(lambda: api.put_archive(self._cid, remote_dir, data.getvalue()))
+
+    async def download(self, remote_path: str, local_dir: str | Path) -> Path:
+        dest = Path(local_dir)
+        api = self._backend.client.api
+
+        def fetch() -> Path:
+            try:
+                stream, stat = api.get_archive(self._cid, remote_path)
+            except docker.errors.NotFound as e:
+                if "No such container" in str(e):
+                    raise
+                raise SandboxPathNotFound(f"{remote_path} does not exist in {self._name}") from e
+            is_dir = bool(stat["mode"] & (1 << 31))  # Go's os.ModeDir
+            with tempfile.TemporaryFile() as tmp:
+                for chunk in stream:
+                    tmp.write(chunk)
+                tmp.seek(0)
+                dest.mkdir(parents=True, exist_ok=True)
+                with tarfile.open(fileobj=tmp) as tar:
+                    members = []
+                    for m in tar.getmembers():
+                        # Docker's archive has the basename as top entry; strip it for directories.
+                        if is_dir:
+                            parts = m.name.split("/", 1)
+                            if len(parts) == 1:
+                                continue
+                            m.name = parts[1]
+                            if m.islnk():  # hard links name their target by archive path
+                                m.linkname = m.linkname.split("/", 1)[-1]
+                        members.append(m)
+                    tar.extractall(dest, members=members, filter="data")
+            return dest if is_dir else dest / stat["name"]
+
+        return await self._call(fetch)
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        try:
+            await self._backend._run(
+                lambda: self._backend.client.api.remove_container(self._cid, force=True, v=True)
+            )
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if e.status_code != 409 or "already in progress" not in str(e):
+                raise SandboxLost(f"could not remove sandbox {self._name}: {e}") from e
+        except requests.exceptions.ConnectionError as e:
+            raise SandboxLost(f"docker engine unreachable while removing {self._name}: {e}") from e
+        self._stopped = True
