@@ -184,7 +184,9 @@ async def build(settings: TrialflowSettings, client: Client | None = None) -> Wo
     for name, target in settings.extra_scaffolds.items():
         register_scaffold(name, target)
     store = open_store(settings)
-    backend = DockerBackend(docker.from_env(), labels={"trialflow.worker": queue})
+    backend = DockerBackend(
+        docker.from_env(), labels={"trialflow.worker": queue}, policy=settings.sandbox_policy()
+    )
     proxy = open_proxy(settings)
     if proxy is not None:
         await proxy.start()

@@ -13,10 +13,13 @@ an infra error, the oracle/nop scaffolds still run. `worker_id` None becomes the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from trialflow.sandbox.policy import SandboxPolicy
 
 
 class TrialflowSettings(BaseSettings):
@@ -46,6 +49,12 @@ class TrialflowSettings(BaseSettings):
     # Scaffolds beyond the built-in registry: name -> "module:Class" (plugins, test doubles).
     extra_scaffolds: dict[str, str] = Field(default_factory=dict)
 
+    # Sandbox hardening (trialflow.sandbox.policy.SandboxPolicy). pids limit None: unlimited.
+    sandbox_pids_limit: int | None = Field(default=1024, ge=16)
+    sandbox_read_only_root: bool = False
+    # Container runtime per backend, e.g. "runsc" (gVisor); None: the engine's default.
+    sandbox_runtime: str | None = None
+
     max_concurrent_trials: int = Field(default=4, gt=0)
     metrics_port: int = 0
     worker_id: str | None = None
@@ -53,6 +62,15 @@ class TrialflowSettings(BaseSettings):
     # Sandboxes older than this are reaped at worker start and periodically (leaks from
     # dead workers). Must exceed the longest trial.
     reap_after_s: float = Field(default=6 * 3600, gt=0)
+
+    def sandbox_policy(self) -> SandboxPolicy:
+        from trialflow.sandbox.policy import SandboxPolicy  # the docker SDK only where sandboxes run
+
+        return SandboxPolicy(
+            pids_limit=self.sandbox_pids_limit,
+            read_only_root=self.sandbox_read_only_root,
+            runtime=self.sandbox_runtime,
+        )
 
 
 def load_settings(**overrides: Any) -> TrialflowSettings:

@@ -7,8 +7,11 @@ make missing base images).
 
 Containers: `network_mode="host"`, `init=True` (zombie reaping), kept alive by
 `sleep infinity`; limits from task.toml (`nano_cpus` = cpus clamped to the host's CPUs,
-`mem_limit` = memory_mb with no extra swap). `storage_mb` is not enforced: overlay2 needs
-an xfs backing filesystem with pquota for `storage_opt`. Labels on every container:
+`mem_limit` = memory_mb with no extra swap), hardened by the backend's `SandboxPolicy`
+(`docker_create_options`: pids limit, no-new-privileges, dropped capabilities, optional
+read-only root and runtime). `storage_mb` is enforced only where overlay2 sits on xfs with
+project quotas (`storage_opt size`); elsewhere (ext4 here) it is logged once as not enforced.
+Labels on every container:
 `trialflow.managed=true`, `trialflow.trial_id`, `trialflow.created_at` (unix seconds),
 `trialflow.task`, `trialflow.env_hash`, plus the caller's. Container names are
 `tf-<trial_id slug>-<8 hex>`: retries of `create()` never collide. Blocking SDK calls run
@@ -40,6 +43,7 @@ from trialflow.errors import ImageUnavailable, SandboxLost, SandboxStartFailed
 from trialflow.sandbox.base import ImageInfo, Mount, ReapReport, SandboxBackend
 from trialflow.sandbox.docker_images import BaseImageMaker, DockerImages, dockerfile_bases
 from trialflow.sandbox.docker_sandbox import DockerSandbox
+from trialflow.sandbox.policy import SandboxPolicy
 from trialflow.sandbox.reaper import LABEL_CREATED_AT, LABEL_MANAGED, LABEL_TRIAL_ID, reap_containers
 
 if TYPE_CHECKING:
@@ -92,8 +96,10 @@ class DockerBackend(SandboxBackend):
         host_env: Mapping[str, str] | None = None,
         base_images: Mapping[str, BaseImageMaker] | None = None,
         exec_grace_s: float = EXEC_GRACE_S,
+        policy: SandboxPolicy | None = None,
     ) -> None:
         self.client = client
+        self.policy = policy or SandboxPolicy()
         self.labels = dict(labels or {})
         self.output_cap = output_cap_bytes
         self.exec_grace_s = exec_grace_s
@@ -101,6 +107,7 @@ class DockerBackend(SandboxBackend):
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="tf-docker")
         self.images = DockerImages(client, self._run, base_images)
         self._host_cpus: float | None = None
+        self._storage_quota: bool | None = None
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -121,6 +128,23 @@ class DockerBackend(SandboxBackend):
         if self._host_cpus is None:
             self._host_cpus = float(self.client.info().get("NCPU") or os.cpu_count() or 1)
         return self._host_cpus
+
+    def _supports_storage_quota(self) -> bool:
+        """overlay2 takes `storage_opt size` only on xfs with project quotas (checked once)."""
+        if self._storage_quota is None:
+            info = self.client.info()
+            status = dict(tuple(kv) for kv in info.get("DriverStatus") or [] if len(kv) == 2)
+            self._storage_quota = (
+                info.get("Driver") == "overlay2" and status.get("Backing Filesystem") == "xfs"
+            )
+            if not self._storage_quota and self.policy.enforce_storage:
+                log.warning(
+                    "sandbox storage limits are not enforced: storage driver %s on %s (overlay2 on xfs "
+                    "with pquota needed)",
+                    info.get("Driver"),
+                    status.get("Backing Filesystem"),
+                )
+        return self._storage_quota
 
     def container_labels(self, task: Task, trial_id: str, extra: Mapping[str, str] | None) -> dict[str, str]:
         return {
@@ -167,6 +191,10 @@ class DockerBackend(SandboxBackend):
         }
         if envcfg.workdir is None:
             del kwargs["working_dir"]
+        storage = envcfg.storage_mb if await self._run(self._supports_storage_quota) else None
+        hardening = docker_create_options(self.policy, workdir=envcfg.workdir, storage_mb=storage)
+        kwargs["mounts"] = [*kwargs["mounts"], *hardening.pop("mounts")]
+        kwargs.update(hardening)
         try:
             container = await self._run(lambda: self.client.containers.create(**kwargs))
         except docker.errors.ImageNotFound as e:
@@ -188,3 +216,26 @@ class DockerBackend(SandboxBackend):
 
     async def reap(self, older_than_s: float) -> ReapReport:
         return await self._run(lambda: reap_containers(self.client, older_than_s, self.labels))
+
+
+def docker_create_options(
+    policy: SandboxPolicy, *, workdir: str | None, storage_mb: int | None
+) -> dict[str, object]:
+    """`containers.create` keyword arguments for `policy` (pure). With a read-only root the
+    writable dirs are anonymous volumes (the image's content at that path is copied in, and
+    the engine's archive API, used by upload/download, can write them; it cannot write a
+    tmpfs); they are removed with the container (`remove_container(v=True)`)."""
+    opts: dict[str, object] = {"cap_drop": list(policy.cap_drop), "mounts": []}
+    if policy.pids_limit is not None:
+        opts["pids_limit"] = policy.pids_limit
+    if policy.no_new_privileges:
+        opts["security_opt"] = ["no-new-privileges:true"]
+    if policy.runtime:
+        opts["runtime"] = policy.runtime
+    if storage_mb is not None:
+        opts["storage_opt"] = {"size": f"{storage_mb}M"}
+    if policy.read_only_root:
+        opts["read_only"] = True
+        dirs = dict.fromkeys([*policy.writable_dirs, *([workdir] if workdir else [])])
+        opts["mounts"] = [docker.types.Mount(d, None, type="volume") for d in dirs]
+    return opts
