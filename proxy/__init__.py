@@ -1,4 +1,4 @@
-"""The token-exact proxy: Anthropic Messages + OpenAI Chat Completions over vLLM replicas.
+"""The token-exact proxy: Anthropic Messages, OpenAI Chat Completions and Responses over vLLM replicas.
 
 Public surface (everything else is internal). Names resolve lazily, so importing a light
 submodule such as ``proxy.chat`` (workflow code does) does not pull in aiohttp, numpy or

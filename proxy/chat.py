@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 Message = dict[str, Any]
 ToolSpec = dict[str, Any]
-Protocol = Literal["anthropic", "openai"]
+Protocol = Literal["anthropic", "openai", "openai_responses"]
 FinishReason = Literal["stop", "length", "tool_calls", "abort"]
 
 

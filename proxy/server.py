@@ -1,4 +1,4 @@
-"""aiohttp app of the proxy: management API + Anthropic/OpenAI protocol routes.
+"""aiohttp app of the proxy: management API + Anthropic / OpenAI Chat Completions / Responses routes.
 
 Management (no auth: bind it to a private interface; the worker uses it in-process)::
 
@@ -19,7 +19,8 @@ Management (no auth: bind it to a private interface; the worker uses it in-proce
                                  Urls must be http(s)://host[:port] (400 otherwise; nothing changes).
 
 Protocol routes, under ``/s/{id}/{secret}/v1/``: ``messages`` (``?beta=true`` accepted),
-``messages/count_tokens``, ``chat/completions``, ``models``. The secret (``secrets.
+``messages/count_tokens``, ``chat/completions``, ``responses`` (OpenAI Responses API),
+``models``. The secret (``secrets.
 token_urlsafe``) is compared in constant time; a wrong secret, unknown or closed session is a
 404 in the protocol's error shape, so one session can never reach another's data.
 ``models`` and unknown routes answer in the Anthropic shape when the request carries an
@@ -55,7 +56,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from proxy import anthropic_api, jsonio, openai_api
+from proxy import anthropic_api, jsonio, openai_api, responses_api
 from proxy.chat import ChatRequest, TurnOutcome
 from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError
 from proxy.pool import ReplicaPool
@@ -245,6 +246,7 @@ class ProxyServer:
         r.add_post(f"{base}/messages", self._anthropic_messages)
         r.add_post(f"{base}/messages/count_tokens", self._anthropic_count_tokens)
         r.add_post(f"{base}/chat/completions", self._openai_chat)
+        r.add_post(f"{base}/responses", self._openai_responses)
         r.add_get(f"{base}/models", self._models)
         r.add_route("*", "/s/{sid}/{secret}/{tail:.*}", self._unknown_route)
         return app
@@ -399,6 +401,35 @@ class ProxyServer:
             keepalive=openai_api.SSE_KEEPALIVE,
             render_error=render,
             stream_error=openai_api.sse_error,
+        )
+
+    async def _openai_responses(self, request: web.Request) -> web.StreamResponse:
+        render = responses_api.render_error
+        try:
+            session = self._lookup(request)
+            parsed = responses_api.parse_responses_request(
+                await _read_json(request, self.max_body_bytes), session.message_memo
+            )
+        except ProxyError as exc:
+            return _error(render(exc))
+        chat = parsed.chat
+        session.note_ignored(chat.ignored_fields)
+        ids = {"response_id": responses_api.new_response_id(), "created_at": int(time.time())}
+
+        def events(outcome: TurnOutcome) -> Iterable[bytes]:
+            for event in responses_api.stream_events(outcome, parsed, **ids):
+                yield responses_api.sse_event(event)
+
+        return await self._turn(
+            request,
+            session,
+            chat,
+            responses_api.new_call_id,
+            render_json=lambda o: responses_api.build_response(o, parsed, **ids),
+            render_stream=events,
+            keepalive=responses_api.SSE_KEEPALIVE,
+            render_error=render,
+            stream_error=lambda exc: responses_api.stream_error_event(exc, parsed, **ids),
         )
 
     async def _models(self, request: web.Request) -> web.Response:
