@@ -4,7 +4,10 @@ Policy (the one place retries live):
 - A session sticks to the replica that served it last while that replica is up, so its
   growing prompt keeps hitting the same prefix cache.
 - A new session (or one whose replica went down) goes to the up replica with the fewest
-  in-flight requests; ties go to the earliest added.
+  in-flight requests, then the fewest sessions stuck to it now, then the fewest sessions
+  ever stuck to it, then the earliest added. The last two matter when trials trickle in one
+  at a time: every replica is idle then, and "earliest added" alone would send every
+  session to the first replica.
 - A turn that fails with ``ReplicaUnavailable`` or a 5xx ``BackendHTTPError`` is
   replayed on another replica (the proxy holds the prompt tokens, so a turn is
   replayable); replicas marked down are tried last, since health marks can be stale.
@@ -18,6 +21,13 @@ Policy (the one place retries live):
   failures and successes of real calls still update the marks).
 - Replicas can be added and removed at runtime; a removed replica finishes its
   in-flight calls, and sessions stuck to it move on their next turn.
+
+Sharing: a worker serves many sessions from one pool per replica set (``SharedPools``):
+load, stickiness and health marks are then seen by every session on that set, and the
+health loop and ``/v1/models`` questions run once per set, not once per session.
+
+Replica URLs are ``http(s)://host[:port]`` with a port in 1..65535 (``replica_url``
+normalises them and raises ``ValueError`` for anything else).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -35,6 +46,28 @@ from proxy.errors import BackendError, GenerationAborted, ReplicaUnavailable
 from proxy.trajectory import id_array
 
 log = logging.getLogger(__name__)
+
+
+def replica_url(url: object) -> str:
+    """``url`` normalised (no trailing slash); ``ValueError`` unless it is
+    ``http(s)://host[:port]`` with no path or query and a port in 1..65535."""
+    if not isinstance(url, str):
+        raise ValueError(f"replica url must be a string, got {type(url).__name__}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError for a port out of 0..65535 or not a number
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not an http(s)://host[:port] url: {exc}") from None
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.path.strip("/")
+        or parts.query
+        or parts.fragment
+        or port == 0
+    ):
+        raise ValueError(f"{url!r} is not an http(s)://host[:port] url")
+    return url.rstrip("/")
 
 
 @dataclass
@@ -49,6 +82,8 @@ class Replica:
     failures: int = 0
     order: int = 0
     max_model_len: int | None = None
+    sessions: int = 0  # sessions stuck to this replica now
+    assigned: int = 0  # sessions ever stuck to it (round-robin among otherwise equal replicas)
 
 
 @dataclass
@@ -117,8 +152,8 @@ class ReplicaPool:
 
     # -- membership ---------------------------------------------------------------------
     def add_replica(self, url: str) -> None:
-        """Add ``url`` (idempotent). It starts marked up."""
-        url = url.rstrip("/")
+        """Add ``url`` (idempotent). It starts marked up. ``ValueError`` for a bad url."""
+        url = replica_url(url)
         if url not in self._replicas:
             self._replicas[url] = Replica(url, self._factory(url), order=self._added)
             self._added += 1
@@ -129,6 +164,8 @@ class ReplicaPool:
         rep = self._replicas.pop(url.rstrip("/"), None)
         if rep is not None:
             self._retired.append(rep)
+            for key in [k for k, u in self._sticky.items() if u == rep.url]:
+                del self._sticky[key]
 
     @property
     def replicas(self) -> list[Replica]:
@@ -136,10 +173,27 @@ class ReplicaPool:
 
     def forget(self, session_key: str) -> None:
         """Drop a closed session's stickiness."""
-        self._sticky.pop(session_key, None)
+        self._stick(session_key, None)
+
+    def sticky_replica(self, session_key: str) -> str | None:
+        """The replica ``session_key`` sticks to (None before its first turn)."""
+        return self._sticky.get(session_key)
+
+    def _stick(self, session_key: str, url: str | None) -> None:
+        old = self._sticky.pop(session_key, None)
+        if old is not None and old in self._replicas:
+            self._replicas[old].sessions -= 1
+        if url is not None and url in self._replicas:
+            self._sticky[session_key] = url
+            self._replicas[url].sessions += 1
+            self._replicas[url].assigned += 1
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
+        self.start_health_loop()
+
+    def start_health_loop(self) -> None:
+        """Start polling health (needs a running loop; a no-op when running or disabled)."""
         if self._health_interval_s is not None and self._health_task is None:
             self._health_task = asyncio.create_task(self._health_loop())
 
@@ -163,7 +217,7 @@ class ReplicaPool:
         """Probe every replica once and update its mark."""
         reps = list(self._replicas.values())
         results = await asyncio.gather(*(r.client.healthy() for r in reps))
-        for rep, ok in zip(reps, results):
+        for rep, ok in zip(reps, results, strict=True):
             if rep.up != ok:
                 log.info("replica %s is now %s", rep.url, "up" if ok else "down")
             rep.up = ok
@@ -172,7 +226,9 @@ class ReplicaPool:
         """The smallest ``max_model_len`` over the replicas (asked once per replica, on first
         use); None when no replica reports one."""
         missing = [r for r in self._replicas.values() if r.max_model_len is None]
-        for rep, n in zip(missing, await asyncio.gather(*(r.client.max_model_len() for r in missing))):
+        for rep, n in zip(
+            missing, await asyncio.gather(*(r.client.max_model_len() for r in missing)), strict=True
+        ):
             rep.max_model_len = n
         known = [r.max_model_len for r in self._replicas.values() if r.max_model_len is not None]
         return min(known) if known else None
@@ -187,7 +243,7 @@ class ReplicaPool:
     def _candidates(self, session_key: str) -> list[Replica]:
         """Sticky replica first (if up), then up replicas by load, then down ones."""
         reps = self.replicas
-        up = sorted((r for r in reps if r.up), key=lambda r: (r.in_flight, r.order))
+        up = sorted((r for r in reps if r.up), key=lambda r: (r.in_flight, r.sessions, r.assigned, r.order))
         down = [r for r in reps if not r.up]
         sticky = self._replicas.get(self._sticky.get(session_key, ""))
         if sticky is not None and sticky.up:
@@ -219,8 +275,8 @@ class ReplicaPool:
                     self._retired.remove(rep)
                     await rep.client.close()
             rep.up, rep.served = True, rep.served + 1
-            if rep.url in self._replicas:
-                self._sticky[session_key] = rep.url
+            if self._sticky.get(session_key) != rep.url:
+                self._stick(session_key, rep.url)
             return gen
         raise ReplicaUnavailable("no replica answered: " + "; ".join(errors))
 
@@ -248,3 +304,84 @@ class ReplicaPool:
             piece_req = replace(
                 req, prompt_ids=id_array(stitch.prompt_ids) + id_array(stitch.token_ids), max_tokens=remaining
             )
+
+
+@dataclass
+class _SharedPool:
+    pool: ReplicaPool
+    refs: int = 0
+    closing: asyncio.TimerHandle | None = None
+
+
+class SharedPools:
+    """One started ``ReplicaPool`` per replica set, shared by the sessions that name that set.
+
+    ``acquire(urls)`` returns the set's pool (building and starting it on first use) and
+    counts a reference; ``release(pool)`` drops one. A pool nobody uses is closed
+    ``linger_s`` later (0: at once), so trials that follow one another on the same replicas
+    keep its health marks, load counts and context limit instead of starting cold.
+    The set is compared after normalisation and regardless of order, so two trials handed
+    the same rollout servers by verl share one pool: its least-loaded choice and health
+    marks cover all of their sessions. ``factory`` builds a pool for a tuple of urls.
+    """
+
+    def __init__(
+        self, factory: Callable[[Sequence[str]], ReplicaPool] = ReplicaPool, *, linger_s: float = 30.0
+    ) -> None:
+        self._factory = factory
+        self._linger_s = linger_s
+        self._pools: dict[frozenset[str], _SharedPool] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def acquire(self, urls: Iterable[str]) -> ReplicaPool:
+        """The shared pool for ``urls`` (``ValueError`` for a bad url or an empty set).
+        Needs a running event loop (the pool's health loop starts here)."""
+        normal = tuple(dict.fromkeys(replica_url(u) for u in urls))
+        if not normal:
+            raise ValueError("a replica set needs at least one url")
+        key = frozenset(normal)
+        entry = self._pools.get(key)
+        if entry is None:
+            entry = self._pools[key] = _SharedPool(self._factory(normal))
+            entry.pool.start_health_loop()
+        if entry.closing is not None:
+            entry.closing.cancel()
+            entry.closing = None
+        entry.refs += 1
+        return entry.pool
+
+    async def release(self, pool: ReplicaPool) -> None:
+        """Drop one reference to ``pool``; unknown pools are ignored."""
+        for key, entry in self._pools.items():
+            if entry.pool is pool:
+                entry.refs -= 1
+                if entry.refs <= 0:
+                    if self._linger_s <= 0:
+                        await self._close(key, entry)
+                    else:
+                        entry.closing = asyncio.get_running_loop().call_later(
+                            self._linger_s, self._close_later, key, entry
+                        )
+                return
+
+    def _close_later(self, key: frozenset[str], entry: _SharedPool) -> None:
+        task = asyncio.ensure_future(self._close(key, entry))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close(self, key: frozenset[str], entry: _SharedPool) -> None:
+        if self._pools.get(key) is entry and entry.refs <= 0:
+            del self._pools[key]
+            await entry.pool.close()
+
+    def pools(self) -> list[tuple[ReplicaPool, int]]:
+        """(pool, sessions using it) for each live replica set (lingering ones with 0)."""
+        return [(e.pool, e.refs) for e in self._pools.values()]
+
+    async def close(self) -> None:
+        entries, self._pools = list(self._pools.values()), {}
+        for entry in entries:
+            if entry.closing is not None:
+                entry.closing.cancel()
+            await entry.pool.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)

@@ -10,8 +10,10 @@ Management (no auth: bind it to a private interface; the worker uses it in-proce
     POST /policy_version         {version: int} -> {version, sessions}: a weight sync; every open
                                  session records the new weights version (a turn running across
                                  the change records both ends in its segment's range)
-    GET  /replicas               -> {replicas: [{url, up, in_flight, served, failures, max_model_len}]}
-                                 (the server's default pool)
+    GET  /replicas               -> {replicas: [{url, up, in_flight, served, failures, sessions,
+                                 max_model_len}], shared: [{sessions, replicas: [...]}]}
+                                 (the server's default pool; the shared pools of sessions that
+                                 name their own replicas)
     POST /replicas               {add?: [url], remove?: [url]} -> the same listing: replicas joining
                                  or leaving (elastic rollout servers). Adding a known url and
                                  removing an unknown one are no-ops; a removed replica finishes its
@@ -48,18 +50,17 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from proxy import anthropic_api, jsonio, openai_api, responses_api
 from proxy.chat import ChatRequest, TurnOutcome
 from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError
-from proxy.pool import ReplicaPool
+from proxy.pool import ReplicaPool, SharedPools, replica_url
 from proxy.prefix_cache import PrefixCache
 from proxy.session import Session, SessionConfig
 from proxy.trajectory import Trajectory
@@ -83,7 +84,7 @@ class SessionHandle:
 class _Entry:
     session: Session
     secret: str
-    own_pool: ReplicaPool | None  # a pool created for this session's own replica list
+    shared_pool: ReplicaPool | None  # the shared pool of this session's own replica list
 
 
 ManagementHandler = Callable[[Any, web.Request], Awaitable[web.Response]]
@@ -112,6 +113,8 @@ class ProxyServer:
     ``public_host`` is the host put into session URLs (default: ``host``; set it when the
     scaffold reaches the proxy through another address, e.g. from a container).
     ``tokenizer`` (an already loaded HF tokenizer) may be given instead of ``model_dir``.
+    Sessions that name their own replicas share one pool per replica set, built by
+    ``pool_factory`` (``proxy.pool.SharedPools``).
     """
 
     def __init__(
@@ -127,6 +130,7 @@ class ProxyServer:
         public_host: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         keepalive_s: float = 5.0,
+        pool_factory: Callable[[Sequence[str]], ReplicaPool] = ReplicaPool,
     ) -> None:
         if tokenizer is None:
             if model_dir is None:
@@ -140,11 +144,13 @@ class ProxyServer:
         self.host, self.port = host, port
         self.public_host = public_host or host
         self.pool = pool if pool is not None else ReplicaPool(replicas)
+        self.shared_pools = SharedPools(pool_factory)
         self.defaults = defaults or SessionConfig()
         self.max_body_bytes = max_body_bytes
         self.keepalive_s = keepalive_s
         self._sessions: dict[str, _Entry] = {}
         self._turns: set[asyncio.Future[TurnOutcome]] = set()
+        self._background: set[asyncio.Future[None]] = set()
         self._runner: web.AppRunner | None = None
         self.app = self._build_app()
 
@@ -164,6 +170,7 @@ class ProxyServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.shared_pools.close()
         await self.pool.close()
 
     async def serve(self) -> None:
@@ -188,13 +195,23 @@ class ProxyServer:
 
     # -- in-process management ------------------------------------------------------------
     def open_session(self, config: SessionConfig | None = None) -> SessionHandle:
-        """Open a session (``config`` None: the server's defaults)."""
+        """Open a session (``config`` None: the server's defaults). A session naming its own
+        replicas is served by the shared pool of that replica set. ``InvalidRequest`` for a
+        replica url that is not ``http(s)://host[:port]``. Needs a running event loop."""
         config = config or self.defaults
         sid, secret = uuid.uuid4().hex, secrets.token_urlsafe(24)
-        own_pool = ReplicaPool(config.replicas) if config.replicas else None
-        pool = own_pool or self.pool
-        session = Session(sid, config, self.tokenizer, pool, prefix_cache=self.prefix_cache)
-        self._sessions[sid] = _Entry(session, secret, own_pool)
+        try:
+            shared = self.shared_pools.acquire(config.replicas) if config.replicas else None
+        except ValueError as exc:
+            raise InvalidRequest(f"replicas: {exc}", param="replicas") from None
+        pool = shared or self.pool
+        try:
+            session = Session(sid, config, self.tokenizer, pool, prefix_cache=self.prefix_cache)
+        except BaseException:
+            if shared is not None:
+                self._release_later(shared)
+            raise
+        self._sessions[sid] = _Entry(session, secret, shared)
         base = f"{self.base_url}/s/{sid}/{secret}"
         return SessionHandle(sid, secret, base, f"{base}/v1")
 
@@ -204,11 +221,18 @@ class ProxyServer:
         entry = self._sessions.pop(session_id, None)
         if entry is None:
             raise NotFound(f"unknown session {session_id}")
-        trajectory = await entry.session.close()
-        self.pool.forget(session_id)
-        if entry.own_pool is not None:
-            await entry.own_pool.close()
+        try:
+            trajectory = await entry.session.close()
+        finally:
+            self.pool.forget(session_id)
+            if entry.shared_pool is not None:
+                await self.shared_pools.release(entry.shared_pool)
         return trajectory
+
+    def _release_later(self, pool: ReplicaPool) -> None:
+        task = asyncio.ensure_future(self.shared_pools.release(pool))
+        self._background.add(task)  # a strong reference until it ends
+        task.add_done_callback(self._background.discard)
 
     def session_stats(self, session_id: str) -> dict[str, Any]:
         entry = self._sessions.get(session_id)
@@ -292,18 +316,13 @@ class ProxyServer:
         return _json_response(self.replica_listing())
 
     def replica_listing(self) -> dict[str, Any]:
+        """The default pool's replicas, and each shared pool's with the sessions it serves."""
         return {
-            "replicas": [
-                {
-                    "url": r.url,
-                    "up": r.up,
-                    "in_flight": r.in_flight,
-                    "served": r.served,
-                    "failures": r.failures,
-                    "max_model_len": r.max_model_len,
-                }
-                for r in self.pool.replicas
-            ]
+            "replicas": _replica_rows(self.pool),
+            "shared": [
+                {"sessions": refs, "replicas": _replica_rows(pool)}
+                for pool, refs in self.shared_pools.pools()
+            ],
         }
 
     @_management
@@ -508,6 +527,21 @@ async def _stream(request: web.Request, body: Iterable[bytes]) -> web.StreamResp
     return resp
 
 
+def _replica_rows(pool: ReplicaPool) -> list[dict[str, Any]]:
+    return [
+        {
+            "url": r.url,
+            "up": r.up,
+            "in_flight": r.in_flight,
+            "served": r.served,
+            "failures": r.failures,
+            "sessions": r.sessions,
+            "max_model_len": r.max_model_len,
+        }
+        for r in pool.replicas
+    ]
+
+
 def _replica_changes(body: Any) -> tuple[list[str], list[str]]:
     """(urls to add, urls to remove) from a ``POST /replicas`` body; ``InvalidRequest`` if any
     part is malformed, so a bad body changes nothing."""
@@ -518,17 +552,11 @@ def _replica_changes(body: Any) -> tuple[list[str], list[str]]:
         urls = body.get(key, [])
         if not isinstance(urls, list):
             raise InvalidRequest(f"{key} must be a list of urls", param=key)
-        for url in urls:
-            parsed = urlsplit(url) if isinstance(url, str) else None
-            if (
-                parsed is None
-                or parsed.scheme not in ("http", "https")
-                or not parsed.hostname
-                or parsed.path.strip("/")
-                or parsed.query
-            ):
-                raise InvalidRequest(f"{key}: {url!r} is not an http(s)://host[:port] url", param=key)
-        out.append([u.rstrip("/") for u in urls])
+        try:
+            urls = [replica_url(u) for u in urls]
+        except ValueError as exc:
+            raise InvalidRequest(f"{key}: {exc}", param=key) from None
+        out.append(urls)
     return out[0], out[1]
 
 

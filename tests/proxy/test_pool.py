@@ -9,7 +9,7 @@ import pytest
 
 from proxy.backend import CompletionRequest, VLLMClient
 from proxy.errors import BackendHTTPError, GenerationAborted, ReplicaUnavailable
-from proxy.pool import ReplicaPool
+from proxy.pool import ReplicaPool, SharedPools, replica_url
 from tests.doubles.scripted_vllm import (
     Abort,
     Drop,
@@ -128,3 +128,71 @@ async def test_health_checks_and_runtime_membership(tok):
             assert all(r.up for r in pool.replicas)
             pool.remove_replica(b.url)
             assert (await pool.generate("s", _req())).replica == a.url
+
+
+async def test_shared_pools_one_per_replica_set_reference_counted(tok):
+    async with ScriptedVLLM(tok) as a, ScriptedVLLM(tok) as b:
+        shared = SharedPools(lambda urls: ReplicaPool(urls, health_interval_s=None), linger_s=0)
+        p1 = shared.acquire([a.url, b.url])
+        assert shared.acquire([b.url + "/", a.url]) is p1  # same set: same pool, whatever the order
+        p2 = shared.acquire([a.url])
+        assert p2 is not p1 and [n for _, n in shared.pools()] == [2, 1]
+        await p1.generate("s", _req())
+        await shared.release(p1)
+        assert [n for _, n in shared.pools()] == [1, 1]
+        await shared.release(p1)
+        assert [pool for pool, _ in shared.pools()] == [p2]  # the last release closed it
+        assert shared.acquire([a.url, b.url]) is not p1  # a fresh pool for the set
+        await shared.close()
+        assert shared.pools() == []
+        for bad in ([], ["http://h:99999"], ["ftp://h:1"], ["http://h:1/v1"], [3]):
+            with pytest.raises(ValueError):
+                shared.acquire(bad)
+
+
+async def test_an_unused_shared_pool_lingers_with_its_health_marks(tok):
+    async with ScriptedVLLM(tok) as a:
+        shared = SharedPools(lambda urls: ReplicaPool(urls, health_interval_s=None), linger_s=0.3)
+        pool = shared.acquire([a.url])
+        pool.replicas[0].up = False
+        await shared.release(pool)
+        again = shared.acquire([a.url])  # within linger_s: the same pool, marks kept
+        assert again is pool and not pool.replicas[0].up
+        await shared.release(again)
+        await asyncio.sleep(0.5)
+        assert shared.pools() == []
+
+
+async def test_sessions_opened_one_after_another_spread_and_stick(tok):
+    """No turn overlaps another, so in-flight counts are all 0: the sessions stuck to each
+    replica break the tie, not the order the replicas were added in."""
+    doubles = [ScriptedVLLM(tok) for _ in range(4)]
+    for d in doubles:
+        await d.start()
+    try:
+        async with _pool(*doubles) as pool:
+            first = [(await pool.generate(f"s{i}", _req())).replica for i in range(16)]
+            assert sorted(first.count(d.url) for d in doubles) == [4, 4, 4, 4]
+            again = [(await pool.generate(f"s{i}", _req())).replica for i in range(16)]
+            assert again == first  # sticky
+            pool.forget("s0")
+            assert sum(r.sessions for r in pool.replicas) == 15
+    finally:
+        for d in doubles:
+            await d.stop()
+
+
+def test_replica_url_rules():
+    assert replica_url("http://h:8000/") == "http://h:8000"
+    assert replica_url("https://[fd00::1]:8001") == "https://[fd00::1]:8001"
+    for bad in (
+        "http://h:99999",
+        "http://h:0",
+        "http://h:x",
+        "http://",
+        "h:1",
+        "http://h/v1",
+        "http://h?a=1",
+    ):
+        with pytest.raises(ValueError):
+            replica_url(bad)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -336,3 +337,60 @@ async def test_lone_surrogates_are_a_400_not_a_failed_turn(tok):
             )
             assert r.status == 400 and "surrogate" in (await r.json())["error"]["message"]
         assert not dbl.requests and srv.session_stats(h.session_id)["turns"] == 0
+
+
+async def test_sessions_naming_replicas_share_one_pool_and_its_health(tok):
+    """Sessions with their own replica list (verl's rollout servers) share one started pool
+    per set: new sessions spread over it, stick, and skip a replica its health loop marked
+    down; the pool closes after its last session (linger 0 here)."""
+    from proxy.pool import ReplicaPool
+    from proxy.server import ProxyServer
+
+    doubles = [await ScriptedVLLM(tok).start() for _ in range(3)]
+    urls = [d.url for d in doubles]
+    srv = ProxyServer(
+        tokenizer=tok,
+        defaults=SessionConfig(model="scripted", max_context_tokens=4096),
+        pool_factory=lambda u: ReplicaPool(u, health_interval_s=0.05),
+    )
+    srv.shared_pools._linger_s = 0
+    try:
+        async with srv, aiohttp.ClientSession() as http:
+            handles = []
+            for i in range(6):
+                r = await http.post(
+                    f"{srv.base_url}/sessions", json={"replicas": urls[::-1] if i % 2 else urls}
+                )
+                handles.append(await r.json())
+                chat = handles[-1]["openai_base_url"] + "/chat/completions"
+                assert (await http.post(chat, json=CHAT)).status == 200
+            assert [len(d.requests) for d in doubles] == [2, 2, 2]
+            listing = await (await http.get(f"{srv.base_url}/replicas")).json()
+            assert len(listing["shared"]) == 1 and listing["shared"][0]["sessions"] == 6
+            assert [r["sessions"] for r in listing["shared"][0]["replicas"]] == [2, 2, 2]
+            doubles[0].healthy = False
+            while listing["shared"][0]["replicas"][0]["up"]:
+                await asyncio.sleep(0.05)
+                listing = await (await http.get(f"{srv.base_url}/replicas")).json()
+            for _ in range(4):
+                h = srv.open_session(replace(srv.defaults, replicas=tuple(urls)))
+                assert (await http.post(h.openai_base_url + "/chat/completions", json=CHAT)).status == 200
+                handles.append({"session_id": h.session_id})
+            assert [len(d.requests) for d in doubles] == [2, 4, 4]
+            for h in handles:
+                await http.post(f"{srv.base_url}/sessions/{h['session_id']}/close")
+            assert (await (await http.get(f"{srv.base_url}/replicas")).json())["shared"] == []
+    finally:
+        for d in doubles:
+            await d.stop()
+
+
+async def test_bad_replica_urls_are_a_400_at_session_open(tok):
+    async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
+        async with aiohttp.ClientSession() as http:
+            for bad in (["http://127.0.0.1:99999"], ["http://h:0"], ["nope"], [dbl.url + "/v1"]):
+                r = await http.post(f"{srv.base_url}/sessions", json={"replicas": bad})
+                body = await r.json()
+                assert r.status == 400 and body["error"]["type"] == "InvalidRequest", body
+                assert "replicas" in body["error"]["message"]
+            assert srv.shared_pools.pools() == [] and not srv._sessions

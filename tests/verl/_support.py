@@ -86,7 +86,15 @@ def result(reward: float = 1.0, valid: bool = True, termination: str = "submitte
     return TrialResult(**base)
 
 
-def instantiate_loop(tokenizer, model_dir, prompt_length: int, response_length: int, n: int = 2, **overrides):
+def instantiate_loop(
+    tokenizer,
+    model_dir,
+    prompt_length: int,
+    response_length: int,
+    n: int = 2,
+    server_manager=None,
+    **overrides,
+):
     """A TemporalAgentLoop built the way verl builds it: YAML -> registry -> hydra.instantiate."""
     import hydra
     from omegaconf import OmegaConf
@@ -113,7 +121,7 @@ def instantiate_loop(tokenizer, model_dir, prompt_length: int, response_length: 
     return hydra.utils.instantiate(
         config=entry,
         trainer_config=DictConfigWrap(config=cfg),
-        server_manager=None,
+        server_manager=server_manager,
         tokenizer=tokenizer,
         processor=None,
         hf_model_type=None,
@@ -145,3 +153,46 @@ async def verl_batch(worker, outputs):
         await worker._agent_loop_postprocess(o.model_copy(deep=True), False, raw_prompt=raw) for o in outputs
     ]
     return worker._postprocess(internal)
+
+
+LOOP_SETTINGS = (
+    "temporal_address",
+    "task_queue",
+    "s3_endpoint",
+    "s3_bucket",
+    "s3_prefix",
+    "s3_access_key",
+    "s3_secret_key",
+)
+
+
+def loop_for(tokenizer, settings, prompt_length: int, response_length: int, **overrides):
+    """A TemporalAgentLoop on a test worker's queue and store (``replicas: worker`` unless
+    overridden)."""
+    from pathlib import Path
+
+    loop_settings = {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in settings.model_dump().items()
+        if k in LOOP_SETTINGS
+    }
+    overrides.setdefault("replicas", "worker")
+    overrides.setdefault("model", settings.model_name)
+    return instantiate_loop(
+        tokenizer, settings.model_dir, prompt_length, response_length, settings=loop_settings, **overrides
+    )
+
+
+def step_rows(tasks_and_scaffolds: list[tuple[str, str]], rollouts: int, step: int) -> list[dict]:
+    """The generation batch verl would build (repeated, interleaved), identity-stamped:
+    one row dict (the kwargs of ``run``) per sample. Tasks are paths."""
+    from trialflow.verl.agent_loop import stamp_identity
+
+    uids, infos = [], []
+    for i, (task, scaffold) in enumerate(tasks_and_scaffolds):
+        for _ in range(rollouts):
+            uids.append(f"uid-{i}")
+            infos.append({"trialflow": {"task_path": task, "scaffold": scaffold}})
+    nt = {"uid": np.array(uids, dtype=object), "extra_info": np.array(infos, dtype=object)}
+    stamp_identity(nt, {"global_steps": step})
+    return [{k: v[i] for k, v in nt.items()} for i in range(len(uids))]

@@ -8,14 +8,6 @@ from omegaconf import OmegaConf
 from trialflow.verl.agent_loop import ReplicaDiscoveryError, verl_replica_urls
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 async def test_addresses_follow_verls_load_balancer(ray_local):
     from verl.workers.rollout.llm_server import LLMServerClient
     from verl.workers.rollout.router import get_router_handle

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 import worker_main
 from proxy.trajectory import Trajectory
-from tests.verl._support import bare_worker, instantiate_loop, verl_batch
+from tests.verl._support import bare_worker, loop_for, step_rows, verl_batch
 from trialflow import batch
 from trialflow.sandbox.base import ExecResult
 from trialflow.scaffolds import (
@@ -31,7 +31,6 @@ from trialflow.scaffolds import (
     register_scaffold,
 )
 from trialflow.settings import TrialflowSettings, load_settings
-from trialflow.verl.agent_loop import stamp_identity
 from trialflow.verl.step_batch import StragglerPolicy, run_step
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,43 +108,11 @@ def tokenizer(tiny_model_dir):
 
 
 def _loop(tokenizer, settings, run_name: str, **overrides):
-    loop_settings = {
-        k: (str(v) if isinstance(v, Path) else v)
-        for k, v in settings.model_dump().items()
-        if k
-        in (
-            "temporal_address",
-            "task_queue",
-            "s3_endpoint",
-            "s3_bucket",
-            "s3_prefix",
-            "s3_access_key",
-            "s3_secret_key",
-        )
-    }
-    return instantiate_loop(
-        tokenizer,
-        settings.model_dir,
-        P_LEN,
-        R_LEN,
-        run_name=run_name,
-        replicas="worker",
-        model=settings.model_name,
-        settings=loop_settings,
-        **overrides,
-    )
+    return loop_for(tokenizer, settings, P_LEN, R_LEN, run_name=run_name, **overrides)
 
 
 def _rows(tasks_and_scaffolds: list[tuple[str, str]], rollouts: int, step: int) -> list[dict]:
-    """The generation batch verl would build (repeated, interleaved), identity-stamped."""
-    uids, infos = [], []
-    for i, (task, scaffold) in enumerate(tasks_and_scaffolds):
-        for _ in range(rollouts):
-            uids.append(f"uid-{i}")
-            infos.append({"trialflow": {"task_path": str(TASKS / task), "scaffold": scaffold}})
-    nt = {"uid": np.array(uids, dtype=object), "extra_info": np.array(infos, dtype=object)}
-    stamp_identity(nt, {"global_steps": step})
-    return [{k: v[i] for k, v in nt.items()} for i in range(len(uids))]
+    return step_rows([(str(TASKS / t), s) for t, s in tasks_and_scaffolds], rollouts, step)
 
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
