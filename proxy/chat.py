@@ -89,6 +89,11 @@ class TurnOutcome:
     # The client stop string that ended the turn (vLLM's ``stop_reason`` when it is a string);
     # Anthropic reports it as ``stop_reason: "stop_sequence"``.
     stop_sequence: str | None = None
+    # The answer's message / completion id and OpenAI ``created`` (unix seconds): made by the
+    # session (``proxy.ids``), or taken from the record when the turn was replayed.
+    response_id: str = ""
+    created: int = 0
+    replayed: bool = False
 
 
 @dataclass

@@ -5,7 +5,8 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
     ProxyError
     ├── ProtocolError [4xx]            the client's request cannot be served as sent
     │   ├── InvalidRequest [400]       malformed body, wrong types, unsupported content (images)
-    │   │   └── ContextExhausted [400] prompt (+ max_tokens) does not fit the context window
+    │   │   ├── ContextExhausted [400] prompt (+ max_tokens) does not fit the context window
+    │   │   └── ReplayDiverged [400]   a record-only replay got a request its record cannot answer
     │   ├── NotFound [404]             unknown session, secret or route
     │   ├── SessionBusy [409]          another request of the same session is in flight
     │   └── PayloadTooLarge [413]      body over the server's size limit
@@ -72,6 +73,15 @@ class ContextExhausted(InvalidRequest):
         self.error_type = "context_exhausted"
         self.prompt_tokens = prompt_tokens
         self.max_context_tokens = max_context_tokens
+
+
+class ReplayDiverged(InvalidRequest):
+    """A session replaying a record without replicas (``trialflow replay --from-record``) got
+    a request that differs from the record, or one past its end. A 400, so SDKs do not retry
+    it: the scaffold stops, and the replay reports where it left the record."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"replay diverged from the record: {message}")
 
 
 class NotFound(ProtocolError):

@@ -48,7 +48,6 @@ import functools
 import hmac
 import logging
 import secrets
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -353,19 +352,18 @@ class ProxyServer:
         except ProxyError as exc:
             return _error(render(exc))
         session.note_ignored(chat.ignored_fields)
-        message_id = anthropic_api.new_message_id()
         model = chat.model or session.config.model
 
         def events(outcome: TurnOutcome) -> Iterable[bytes]:
-            for name, data in anthropic_api.stream_events(outcome, model=model, message_id=message_id):
+            stream = anthropic_api.stream_events(outcome, model=model, message_id=outcome.response_id)
+            for name, data in stream:
                 yield anthropic_api.sse(name, data)
 
         return await self._turn(
             request,
             session,
             chat,
-            anthropic_api.new_tool_use_id,
-            render_json=lambda o: anthropic_api.build_message(o, model=model, message_id=message_id),
+            render_json=lambda o: anthropic_api.build_message(o, model=model, message_id=o.response_id),
             render_stream=events,
             keepalive=anthropic_api.sse(*anthropic_api.ping_event()),
             render_error=render,
@@ -393,16 +391,14 @@ class ProxyServer:
         except ProxyError as exc:
             return _error(render(exc))
         session.note_ignored(chat.ignored_fields)
-        completion_id = openai_api.new_completion_id()
         model = chat.model or session.config.model
-        created = int(time.time())
 
         def chunks(outcome: TurnOutcome) -> Iterable[bytes]:
             for chunk in openai_api.stream_chunks(
                 outcome,
                 model=model,
-                completion_id=completion_id,
-                created=created,
+                completion_id=outcome.response_id,
+                created=outcome.created,
                 include_usage=chat.stream_usage,
             ):
                 yield openai_api.sse_chunk(chunk)
@@ -412,9 +408,8 @@ class ProxyServer:
             request,
             session,
             chat,
-            openai_api.new_tool_call_id,
             render_json=lambda o: openai_api.build_chat_completion(
-                o, model=model, completion_id=completion_id, created=created
+                o, model=model, completion_id=o.response_id, created=o.created
             ),
             render_stream=chunks,
             keepalive=openai_api.SSE_KEEPALIVE,
@@ -470,7 +465,6 @@ class ProxyServer:
         request: web.Request,
         session: Session,
         chat: ChatRequest,
-        new_tool_call_id: Callable[[], str],
         *,
         render_json: Callable[[TurnOutcome], dict[str, Any]],
         render_stream: Callable[[TurnOutcome], Iterable[bytes]],
@@ -479,7 +473,9 @@ class ProxyServer:
         stream_error: Callable[[BaseException], bytes],
     ) -> web.StreamResponse:
         """Run one turn and answer it, as JSON or as an event stream (module docstring)."""
-        task = asyncio.ensure_future(session.run_turn(chat, new_tool_call_id=new_tool_call_id))
+        # Response and tool-call ids come from the session (derived from its id seed and the
+        # turn, or from the record when the turn is replayed): see proxy.ids.
+        task = asyncio.ensure_future(session.run_turn(chat))
         # A strong reference: the turn must finish (and be recorded) even if this handler
         # ends early because the client went away.
         self._turns.add(task)

@@ -42,14 +42,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from proxy import ids
 from proxy.backend import CompletionRequest
 from proxy.chat import ChatRequest, FinishReason, SamplingParams, TurnOutcome
 from proxy.checkpoint import CheckpointSink
-from proxy.errors import ContextExhausted, InvalidRequest, NotFound, ReplicaUnavailable
+from proxy.errors import ContextExhausted, InvalidRequest, NotFound, ReplayDiverged, ReplicaUnavailable
 from proxy.parsers import parse_output
 from proxy.pool import ReplicaPool
 from proxy.prefix_cache import PrefixCache
-from proxy.tokenization import ConversationTracker, MainThreadRule, TurnInfo
+from proxy.replay import RecordedTurn, Replayer, ReplayRecord, answer_of
+from proxy.tokenization import ConversationTracker, MainThreadRule, PreparedTurn, TurnInfo
 from proxy.trajectory import Mark, Trajectory
 from proxy.wire import MessageMemo
 
@@ -84,6 +86,14 @@ class SessionConfig:
     # The trainer's global step whose weights the replicas serve (recorded per segment as the
     # policy-version range); None when unknown.
     policy_version: int | None = None
+    # What the ids the proxy invents derive from (proxy.ids); None: the session id. Trial
+    # sessions use the trial id, so every attempt of a trial makes the same ids.
+    id_seed: str | None = None
+    # An earlier attempt's record to answer from while requests match it (proxy.replay);
+    # ``replay_live`` False: refuse what the record cannot answer (ReplayDiverged) instead of
+    # generating it (a model-free replay).
+    replay: ReplayRecord | None = None
+    replay_live: bool = True
 
     def with_overrides(self, body: Any) -> SessionConfig:
         """This config updated from a ``POST /sessions`` JSON body. Raises ``ValueError``
@@ -101,6 +111,7 @@ class SessionConfig:
             "template_kwargs",
             "main_thread",
             "policy_version",
+            "id_seed",
         }
         if unknown:
             raise ValueError(f"unknown session fields: {sorted(unknown)}")
@@ -143,6 +154,9 @@ class SessionConfig:
         if "policy_version" in body:
             v = body["policy_version"]
             out = replace(out, policy_version=None if v is None else _typed(v, int, "policy_version"))
+        if "id_seed" in body:
+            v = body["id_seed"]
+            out = replace(out, id_seed=None if v is None else _typed(v, str, "id_seed"))
         return out
 
 
@@ -198,6 +212,13 @@ class Session:
         # The history messages this session's requests carried, converted (the adapters take
         # it, so a resent history is validated only where it is new)
         self.message_memo = MessageMemo()
+        self.id_seed = config.id_seed or session_id
+        self.replayer = Replayer(config.replay, live=config.replay_live) if config.replay else None
+        # turn numbers whose ids are taken (by replayed answers or live turns); see _id_turn
+        self._id_turns_used: set[int] = set()
+        self._replay_end_logged = False
+        if self.replayer is not None:
+            self._note_replay_status()
         # Resolve parser names now, so a typo fails at session creation, not mid-trial.
         parse_output("", reasoning=config.reasoning_parser, tools=config.tool_parser)
 
@@ -226,69 +247,162 @@ class Session:
             raise NotFound("unknown session")
         return self.tracker.count_tokens(request)
 
-    async def run_turn(self, request: ChatRequest, *, new_tool_call_id: Callable[[], str]) -> TurnOutcome:
-        """Generate and record one turn. Raises ``ProxyError`` subclasses (module docstring)."""
+    async def run_turn(
+        self, request: ChatRequest, *, new_tool_call_id: Callable[[], str] | None = None
+    ) -> TurnOutcome:
+        """Generate (or replay) and record one turn. Raises ``ProxyError`` subclasses (module
+        docstring). ``new_tool_call_id`` None: tool-call ids derive from the session's id seed
+        and the turn (``proxy.ids``), as the response id always does."""
         _check_sampling(request.sampling)
         async with self._lock:
             if self.closed:
                 raise NotFound("unknown session")
             await self._wait_checkpoint()
             prepared = self.tracker.prepare(request)
-            prompt_len = len(prepared.prompt_ids)
-            limit = await self._context_limit()
-            left = limit - prompt_len
-            if left <= 0:
-                self.trajectory.note_overlong()
-                self.overlong = True
-                raise ContextExhausted(prompt_len, limit)
-            bounds = (request.sampling.max_tokens, self.config.sampling.max_tokens, left)
-            max_tokens = min(b for b in bounds if b is not None)
-            sampling = replace(self.config.sampling, stop=request.sampling.stop)
-            started = time.time()
-            version_at_start = self.policy_version
-            gen = await self.pool.generate(
-                self.id,
-                CompletionRequest(
-                    model=self.config.model,
-                    prompt_ids=prepared.prompt_ids,
-                    max_tokens=max_tokens,
-                    sampling=sampling,
-                ),
-            )
-            text = self._decode(gen.token_ids)
-            ended_on_eos = bool(gen.token_ids) and gen.token_ids[-1] == self.tracker.eos_id
-            stop_sequence = None
-            if gen.finish_reason == "stop" and not ended_on_eos:
-                stop_sequence = _matched_stop(text, sampling.stop)
-            if stop_sequence:
-                # vLLM includes the stop string (the record keeps it); clients must not see it.
-                text = text[: -len(stop_sequence)]
-            parsed = parse_output(
-                text,
-                reasoning=self.config.reasoning_parser,
-                tools=self.config.tool_parser,
-                tool_call_id_factory=new_tool_call_id,
-                tool_specs=request.tools,
-            )
-            self.tracker.commit(
-                prepared,
-                gen,
-                parsed,
-                TurnInfo(
-                    started_at=started,
-                    latency_s=time.time() - started,
-                    policy_version=version_at_start,
-                    policy_version_end=self.policy_version,
-                    # only a turn cut by the context window (not by the client's max_tokens) is overlong
-                    context_limited=max_tokens == left,
-                ),
-            )
-            if self.config.checkpoint is not None:
-                self._pending_checkpoint = asyncio.create_task(self._checkpoint())
+            turn = len(self.trajectory.turns)
+            if self.replayer is not None:
+                recorded = self.replayer.take(prepared, turn, request.protocol)
+                if recorded is not None:
+                    outcome = self._commit_replayed(prepared, recorded)
+                    self._after_commit()
+                    return outcome
+                self._note_replay_end()
+            outcome = await self._generate(prepared, request, turn, new_tool_call_id)
+            self._after_commit()
+        return outcome
+
+    async def _generate(
+        self,
+        prepared: PreparedTurn,
+        request: ChatRequest,
+        turn: int,
+        new_tool_call_id: Callable[[], str] | None,
+    ) -> TurnOutcome:
+        prompt_len = len(prepared.prompt_ids)
+        limit = await self._context_limit()
+        left = limit - prompt_len
+        if left <= 0:
+            self.trajectory.note_overlong()
+            self.overlong = True
+            raise ContextExhausted(prompt_len, limit)
+        bounds = (request.sampling.max_tokens, self.config.sampling.max_tokens, left)
+        max_tokens = min(b for b in bounds if b is not None)
+        sampling = replace(self.config.sampling, stop=request.sampling.stop)
+        started = time.time()
+        version_at_start = self.policy_version
+        gen = await self.pool.generate(
+            self.id,
+            CompletionRequest(
+                model=self.config.model,
+                prompt_ids=prepared.prompt_ids,
+                max_tokens=max_tokens,
+                sampling=sampling,
+            ),
+        )
+        text = self._decode(gen.token_ids)
+        ended_on_eos = bool(gen.token_ids) and gen.token_ids[-1] == self.tracker.eos_id
+        stop_sequence = None
+        if gen.finish_reason == "stop" and not ended_on_eos:
+            stop_sequence = _matched_stop(text, sampling.stop)
+        if stop_sequence:
+            # vLLM includes the stop string (the record keeps it); clients must not see it.
+            text = text[: -len(stop_sequence)]
+        id_turn = self._id_turn(turn)
+        new_tool_call_id = new_tool_call_id or ids.tool_call_ids(request.protocol, self.id_seed, id_turn)
+        parsed = parse_output(
+            text,
+            reasoning=self.config.reasoning_parser,
+            tools=self.config.tool_parser,
+            tool_call_id_factory=new_tool_call_id,
+            tool_specs=request.tools,
+        )
         finish: FinishReason = (
             "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
         )
-        return TurnOutcome(parsed, finish, prompt_len, len(gen.token_ids), stop_sequence=stop_sequence)
+        outcome = TurnOutcome(
+            parsed,
+            finish,
+            prompt_len,
+            len(gen.token_ids),
+            stop_sequence=stop_sequence,
+            response_id=ids.response_id(request.protocol, self.id_seed, id_turn),
+            created=int(started),
+        )
+        self.tracker.commit(
+            prepared,
+            gen,
+            parsed,
+            TurnInfo(
+                started_at=started,
+                latency_s=time.time() - started,
+                policy_version=version_at_start,
+                policy_version_end=self.policy_version,
+                # only a turn cut by the context window (not by the client's max_tokens) is overlong
+                context_limited=max_tokens == left,
+                answer=answer_of(outcome, request.protocol),
+            ),
+        )
+        return outcome
+
+    def _commit_replayed(self, prepared: PreparedTurn, recorded: RecordedTurn) -> TurnOutcome:
+        """Record ``recorded``'s generation for ``prepared`` without a replica; the answer is
+        the recorded one, byte for byte."""
+        outcome = recorded.outcome()
+        started = time.time()
+        self.tracker.commit(
+            prepared,
+            recorded.generation,
+            outcome.parsed,
+            TurnInfo(
+                started_at=started,
+                latency_s=time.time() - started,
+                policy_version=recorded.policy_versions[0],
+                policy_version_end=recorded.policy_versions[1],
+                context_limited=recorded.record.overlong,
+                answer=recorded.answer,
+                replayed=True,
+            ),
+        )
+        self._id_turns_used.add(recorded.index)
+        self._note_replay_status()
+        return outcome
+
+    def _id_turn(self, turn: int) -> int:
+        """The turn number live ids derive from: ``turn``, unless a replayed answer (whose ids
+        came from its recorded turn number) already used it; then the next free one."""
+        while turn in self._id_turns_used:
+            turn += 1
+        self._id_turns_used.add(turn)
+        return turn
+
+    def _note_replay_status(self) -> None:
+        assert self.replayer is not None
+        self.trajectory.metadata["replay"] = self.replayer.status()
+
+    def _note_replay_end(self) -> None:
+        """The request at hand is not in the record: log where the replay stopped, once, and
+        refuse it when this session has no replicas to go on with."""
+        replayer = self.replayer
+        assert replayer is not None
+        div = replayer.divergence
+        if not self._replay_end_logged and div is not None:
+            self._replay_end_logged = True
+            self._note_replay_status()
+            log.info(
+                "session %s: replay stopped at request %d (%s) after %d replayed turns; %s",
+                self.id,
+                div.turn,
+                div.reason,
+                replayer.replayed,
+                "generating live" if replayer.live else "no replicas: refusing",
+            )
+        if not replayer.live:
+            what = div.reason if div is not None else "replay ended"
+            raise ReplayDiverged(f"request {len(self.trajectory.turns)}: {what}")
+
+    def _after_commit(self) -> None:
+        if self.config.checkpoint is not None:
+            self._pending_checkpoint = asyncio.create_task(self._checkpoint())
 
     async def _context_limit(self) -> int:
         backend = await self.pool.context_limit()
@@ -349,6 +463,7 @@ class Session:
             "closed": self.closed,
             "checkpoints_written": self.checkpoints_written,
             "checkpoint_failures": self.checkpoint_failures,
+            "replayed_turns": t.counters.replayed,
             "metadata": dict(t.metadata),
         }
 

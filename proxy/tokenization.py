@@ -115,6 +115,10 @@ class TurnInfo:
     # The generation's max_tokens was bounded by the context window and it finished by
     # length: the trajectory hit its limit (TurnRecord.overlong, counters.overlong).
     context_limited: bool = False
+    # The answer as the client receives it (proxy.replay.answer_of), and whether the turn was
+    # answered from an earlier attempt's record instead of generated (TurnRecord.answer/.source).
+    answer: dict[str, Any] | None = None
+    replayed: bool = False
 
 
 @dataclass(frozen=True)
@@ -437,6 +441,8 @@ class ConversationTracker:
             resumed_after_abort=generation.resumed_after_abort,
             started_at=info.started_at,
             overlong=info.context_limited and generation.finish_reason == "length",
+            source="replayed" if info.replayed else "generated",
+            answer=info.answer,
         )
         traj.apply(
             TurnDelta(

@@ -5,7 +5,7 @@ Public API:
     Segment        one token sequence: prompt_ids + response_ids (mask/logprobs per response token)
     TurnRecord     what happened in one generation turn (counts, timing, replica, finish reason)
     TurnDelta      everything one turn adds; the only way a trajectory changes (besides notes)
-    Counters       turns, tool_calls, parse_failures, overlong, aborts_resumed
+    Counters       turns, tool_calls, parse_failures, overlong, aborts_resumed, replayed
     Mark           a position in a trajectory's history, for incremental checkpoints
     Trajectory
         .apply(delta: TurnDelta) -> TurnRecord      the fold step (in-memory mutation, no I/O)
@@ -47,8 +47,8 @@ A turn without experts on a segment that has some appends sentinel rows. dtype i
 (sentinel 255) while every expert id is < 255, else int16 (sentinel -1); a later upgrade to
 int16 converts the earlier rows and their sentinels.
 
-Counters: ``turns`` and ``tool_calls``/``parse_failures``/``aborts_resumed`` are sums over turn
-records; ``overlong`` counts turns whose record says ``overlong`` (generation cut by the context
+Counters: ``turns`` and ``tool_calls``/``parse_failures``/``aborts_resumed``/``replayed`` are sums
+over turn records; ``overlong`` counts turns whose record says ``overlong`` (generation cut by the context
 window, which only the session knows) plus ``note_overlong`` calls (prompt too long, nothing
 generated). A turn cut by the client's own ``max_tokens`` is not overlong.
 
@@ -58,6 +58,12 @@ metadata, counters, new turn records and per-segment headers. A checkpoint delta
 new segments, appended tokens, changed expert rows and new turn records (metadata and
 counters in full; they are small), and records the state it continues from, so applying a
 delta to the wrong state raises ``CheckpointGapError`` instead of silently corrupting.
+Payloads written before a field existed still load (every later field has a default; the
+fixtures in tests/proxy/fixtures/trajectory_format1 pin that).
+
+Replay (proxy.replay): turn ``t``'s prompt is ``segments[t.segment].full_ids[:t.prompt_tokens]``
+and its generated ids/logprobs follow it (``completion_tokens`` of them); with ``answer`` that
+is all a later attempt needs to answer the same request without a replica.
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 SegmentKind = Literal["main", "side"]
+TurnSource = Literal["generated", "replayed"]
 FORMAT_VERSION = 1
 
 
@@ -223,6 +230,12 @@ class TurnRecord:
     resumed_after_abort: int = 0
     started_at: float = 0.0
     overlong: bool = False  # cut by the context window (not by the client's max_tokens)
+    # "generated" by a replica, or "replayed" from an earlier attempt's record (proxy.replay)
+    source: TurnSource = "generated"
+    # The answer exactly as the client received it (``proxy.replay.answer_of``): protocol,
+    # response id, created, content, reasoning, tool calls with their ids, finish reason,
+    # stop sequence. None in records written before replay existed (they replay nothing).
+    answer: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +278,7 @@ class Counters:
     parse_failures: int = 0
     overlong: int = 0
     aborts_resumed: int = 0
+    replayed: int = 0  # turns answered from an earlier attempt's record, not by a replica
 
 
 @dataclass(frozen=True)
@@ -349,6 +363,7 @@ class Trajectory:
         c.parse_failures += rec.parse_failures
         c.aborts_resumed += rec.resumed_after_abort
         c.overlong += rec.overlong
+        c.replayed += rec.source == "replayed"
         return rec
 
     def note_overlong(self) -> None:
@@ -427,10 +442,10 @@ class Trajectory:
             "format": FORMAT_VERSION,
             "session_id": self.session_id,
             "metadata": self.metadata,
-            "counters": asdict(self.counters),
+            "counters": _without_late_defaults(asdict(self.counters), _LATE_COUNTERS),
             "base_turns": mark.turns,
             "base_segments": len(mark.response_lens),
-            "turns": [asdict(t) for t in self.turns[mark.turns :]],
+            "turns": [_without_late_defaults(asdict(t), _LATE_TURN_FIELDS) for t in self.turns[mark.turns :]],
             "segments": seg_meta,
         }
         try:
@@ -543,6 +558,20 @@ class Trajectory:
     @classmethod
     def from_bytes(cls, payload: bytes) -> Trajectory:
         return cls.from_checkpoints([payload])
+
+
+# Fields added after format 1 was first written, with their defaults: a field at its default
+# is left out of the payload, so a trajectory that does not use it serializes byte for byte as
+# before (tests/proxy/fixtures/trajectory_format1), and a reader fills the default back in.
+_LATE_TURN_FIELDS: dict[str, Any] = {"source": "generated", "answer": None}
+_LATE_COUNTERS: dict[str, Any] = {"replayed": 0}
+
+
+def _without_late_defaults(d: dict[str, Any], late: dict[str, Any]) -> dict[str, Any]:
+    for k, default in late.items():
+        if k in d and d[k] == default:
+            del d[k]
+    return d
 
 
 def _first_changed_row(old: np.ndarray | None, new: np.ndarray) -> int:

@@ -16,7 +16,9 @@ lets a real scaffold make side calls (title generation and the like) that do not
 the scripted main conversation.
 
 Every received body is kept in ``requests`` (``main_requests`` for the ones that popped
-the script); ``timings`` has (arrival, answer) times of the generated replies.
+the script); ``timings`` has (arrival, answer) times of the generated replies; ``answered``
+counts the generations it answered (replies and aborts; not failures or drops), which is
+what a replay test asserts stays 0 while a session answers from its record.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ class ScriptedVLLM:
     main_requests: list[dict[str, Any]] = field(default_factory=list)
     # (arrival, departure) monotonic times per answered request, to check serialisation.
     timings: list[tuple[float, float]] = field(default_factory=list)
+    answered: int = 0
     port: int = 0
     _runner: web.AppRunner | None = None
 
@@ -226,6 +229,7 @@ class ScriptedVLLM:
             layers, top_k, n = action.experts
             choice["routed_experts"] = _b64_npy(fake_experts(len(prompt) + len(ids) - 1, layers, top_k, n))
         self.timings.append((arrived, time.monotonic()))
+        self.answered += 1
         usage = {
             "prompt_tokens": len(prompt),
             "completion_tokens": len(ids),
