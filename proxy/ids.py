@@ -6,7 +6,8 @@ render tool-call ids into later prompts). So every id the proxy makes up is a fu
 the session's ``id_seed`` (``SessionConfig.id_seed``: the trial id for trial sessions, so all
 attempts of a trial share it; the session id otherwise), the turn index and the id's place
 in the turn. Shapes are the vendors' own: Anthropic ``msg_``/``toolu_`` + 24 hex, OpenAI
-``chatcmpl-`` + 32 hex and ``call_`` + 24 hex.
+``chatcmpl-`` + 32 hex and ``call_`` + 24 hex, Responses ``resp_`` + 32 hex, its output items
+``{rs,msg,fc,ctc}_`` + 32 hex (derived from the response id and the item's place).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from proxy.chat import Protocol
 _SHAPES: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {
     "anthropic": (("msg_", 24), ("toolu_", 24)),
     "openai": (("chatcmpl-", 32), ("call_", 24)),
+    "openai_responses": (("resp_", 32), ("call_", 24)),
 }
 
 
@@ -45,3 +47,8 @@ def tool_call_ids(protocol: Protocol, seed: str, turn: int) -> Callable[[], str]
         return prefix + _hex(seed, turn, f"tool{n - 1}", digits)
 
     return next_id
+
+
+def item_id(prefix: str, response_id: str, n: int) -> str:
+    """Output item ``n`` of a Responses answer (``rs``, ``msg``, ``fc``, ``ctc`` items)."""
+    return f"{prefix}_" + _hex(response_id, n, prefix, 32)

@@ -83,7 +83,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from proxy import jsonio
+from proxy import ids, jsonio
 from proxy.chat import ChatRequest, Message, SamplingParams, ToolSpec, TurnOutcome, name_tool_results
 from proxy.errors import ContextExhausted, InvalidRequest
 from proxy.openai_api import render_error
@@ -542,12 +542,14 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def _item_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
 def _output_items(outcome: TurnOutcome, index: ToolIndex) -> list[dict[str, Any]]:
     parsed = outcome.parsed
+    # derived from the response id, so a replayed answer carries the same item ids (proxy.ids)
+    counter = iter(range(1 << 30))
+
+    def _item_id(prefix: str) -> str:
+        return ids.item_id(prefix, outcome.response_id, next(counter))
+
     status = "incomplete" if outcome.finish_reason == "length" else "completed"
     items: list[dict[str, Any]] = []
     if parsed.reasoning:

@@ -48,6 +48,7 @@ import functools
 import hmac
 import logging
 import secrets
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -428,22 +429,25 @@ class ProxyServer:
             return _error(render(exc))
         chat = parsed.chat
         session.note_ignored(chat.ignored_fields)
-        ids = {"response_id": responses_api.new_response_id(), "created_at": int(time.time())}
+
+        def ids(outcome: TurnOutcome) -> dict[str, Any]:
+            return {"response_id": outcome.response_id, "created_at": outcome.created}
 
         def events(outcome: TurnOutcome) -> Iterable[bytes]:
-            for event in responses_api.stream_events(outcome, parsed, **ids):
+            for event in responses_api.stream_events(outcome, parsed, **ids(outcome)):
                 yield responses_api.sse_event(event)
 
+        # A failure has no outcome: its ``response.failed`` event gets a fresh id and the time.
+        failed_ids = {"response_id": responses_api.new_response_id(), "created_at": int(time.time())}
         return await self._turn(
             request,
             session,
             chat,
-            responses_api.new_call_id,
-            render_json=lambda o: responses_api.build_response(o, parsed, **ids),
+            render_json=lambda o: responses_api.build_response(o, parsed, **ids(o)),
             render_stream=events,
             keepalive=responses_api.SSE_KEEPALIVE,
             render_error=render,
-            stream_error=lambda exc: responses_api.stream_error_event(exc, parsed, **ids),
+            stream_error=lambda exc: responses_api.stream_error_event(exc, parsed, **failed_ids),
         )
 
     async def _models(self, request: web.Request) -> web.Response:
