@@ -40,11 +40,12 @@ if ! .venv/bin/python -c "import verl, trialflow, temporalio" 2>/dev/null; then
 fi
 
 SCAFFOLDS="$ROOT/.cache/scaffolds"
-if [ ! -x "$SCAFFOLDS/node_modules/.bin/claude" ] || [ ! -e "$SCAFFOLDS/node_modules/.bin/opencode" ]; then
+if [ ! -x "$SCAFFOLDS/node_modules/.bin/claude" ] || [ ! -e "$SCAFFOLDS/node_modules/.bin/opencode" ] \
+    || [ ! -e "$SCAFFOLDS/node_modules/.bin/codex" ]; then
   echo "[setup] npm install scaffold CLIs into $SCAFFOLDS"
   mkdir -p "$SCAFFOLDS"
   (cd "$SCAFFOLDS" && [ -f package.json ] || echo '{"name":"trialflow-scaffolds","private":true}' > package.json)
   (cd "$SCAFFOLDS" && npm install --no-audit --no-fund --loglevel=error \
-      @anthropic-ai/claude-code@2.1 opencode-ai@1.18)
+      @anthropic-ai/claude-code@2.1 opencode-ai@1.18 @openai/codex@0.169)
 fi
 echo "[setup] done"

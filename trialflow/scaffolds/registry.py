@@ -18,6 +18,7 @@ _REGISTRY: dict[str, str] = {
     "nop": "trialflow.scaffolds.nop:NopScaffold",
     "claude-code": "trialflow.scaffolds.claude_code:ClaudeCodeScaffold",
     "opencode": "trialflow.scaffolds.opencode:OpenCodeScaffold",
+    "codex": "trialflow.scaffolds.codex:CodexScaffold",
     "terminus": "trialflow.scaffolds.terminus:TerminusScaffold",
 }
 

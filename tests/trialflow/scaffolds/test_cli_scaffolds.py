@@ -1,4 +1,4 @@
-"""Claude Code and OpenCode for real: the host-installed CLIs run in a Docker sandbox and
+"""Claude Code, OpenCode and Codex for real: the host-installed CLIs run in a Docker sandbox and
 talk to the real proxy, which generates through the ScriptedVLLM test double (scripted
 hermes tool calls through the tiny model's tokenizer). The task verifier grades the result."""
 
@@ -14,6 +14,7 @@ from tests.trialflow.scaffolds.conftest import hermes_call, require_cli
 from trialflow.errors import ScaffoldSetupFailed
 from trialflow.scaffolds import ScaffoldContext, get_scaffold
 from trialflow.scaffolds.claude_code import summarize_stream
+from trialflow.scaffolds.codex import summarize_events as summarize_codex
 from trialflow.scaffolds.opencode import summarize_events
 from trialflow.tasks import load_task
 from trialflow.verifier import run_verifier
@@ -90,6 +91,47 @@ async def test_opencode_solves_create_file(sandbox_for, scripted_proxy, tmp_path
     assert len(vllm.main_requests) == 2
 
 
+async def test_codex_solves_create_file(sandbox_for, scripted_proxy, tmp_path):
+    """Codex over the Responses API: its exec_command tool runs the scripted command in the
+    sandbox, the second turn (history resent as input items) extends the first."""
+    scaffold = get_scaffold("codex")
+    require_cli(scaffold)
+    proxy, vllm = await scripted_proxy(
+        [Reply(hermes_call("exec_command", {"cmd": CREATE})), Reply("I created /app/hello.txt.")]
+    )
+    task, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, log_dir=tmp_path / "logs")
+
+    result = await scaffold.run(ctx)
+
+    assert result.exit_code == 0 and not result.timed_out, result.log
+    summary = summarize_codex(result.stdout)
+    assert summary.completed and not summary.failed and summary.commands == 1, result.stdout
+    assert summary.last_message == "I created /app/hello.txt."
+    verdict = await run_verifier(ctx.sandbox, task)
+    assert verdict.reward_valid and verdict.reward == 1.0, verdict.stdout
+    trajectory = await proxy.close_session(handle.session_id)
+    assert trajectory.counters.turns == 2 and trajectory.counters.tool_calls == 1
+    (seg,) = trajectory.segments  # the resent history extended the first turn's tokens
+    assert seg.kind == "main" and len(vllm.main_requests) == 2
+    assert "exec_command" in vllm.decode(vllm.requests[0]["prompt"])  # Codex's own tool list
+
+
+async def test_codex_against_a_closed_session_fails_its_turn(sandbox_for, scripted_proxy):
+    scaffold = get_scaffold("codex")
+    require_cli(scaffold)
+    proxy, vllm = await scripted_proxy([])
+    _, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, timeout_s=120)
+    await proxy.close_session(handle.session_id)  # every request now answers 404
+
+    result = await scaffold.run(ctx)
+
+    assert result.exit_code != 0 and not result.timed_out, result.log
+    summary = summarize_codex(result.stdout)
+    assert summary.failed and not summary.completed and summary.commands == 0
+    assert result.detail and "unknown session" in result.detail
+    assert vllm.requests == []
+
+
 async def test_claude_code_turn_limit_is_a_nonzero_result(sandbox_for, scripted_proxy):
     scaffold = get_scaffold("claude-code", max_turns=1)
     require_cli(scaffold)
@@ -129,7 +171,7 @@ async def test_missing_mount_is_a_setup_failure(sandbox_for, scripted_proxy):
 
 
 def test_missing_host_install_is_a_setup_failure(tmp_path):
-    for name in ("claude-code", "opencode"):
+    for name in ("claude-code", "opencode", "codex"):
         with pytest.raises(ScaffoldSetupFailed, match="run infra/setup.sh"):
             get_scaffold(name, install_dir=tmp_path).mounts()
 
