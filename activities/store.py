@@ -13,13 +13,8 @@ from temporalio import activity
 
 from activities._support import typed_errors
 from trialflow.metrics import TrialMetrics
-from trialflow.storage import ResultStore
+from trialflow.storage import ResultStore, trial_result_key
 from workflows.shared import StoreResultInput, StoreResultOutput
-
-
-def trial_result_key(batch_id: str, trial_id: str) -> str:
-    """The whole trial's result: beside its attempts (`TrialKeys.root` is one level down)."""
-    return f"batches/{batch_id}/trials/{trial_id}/result.json"
 
 
 class StoreActivities:

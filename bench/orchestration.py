@@ -7,7 +7,7 @@ so the trial is pure orchestration + sandbox + verifier):
   -> ``stop``, called in this process with no Temporal at all;
 - ``temporal``: ``trialflow.batch.run`` of one ``TrialSpec`` on a Temporal dev server
   (started here on free ports, SQLite state in a temp dir) with an in-process worker built
-  by ``worker_main.build`` (store: ``LocalStore`` in a temp dir, no model replicas); timed
+  by ``trialflow.worker.WorkerProcess`` (store: ``LocalStore`` in a temp dir, no model replicas); timed
   from submit to the result in hand, so it includes workflow/activity task dispatch, the
   result store and log uploads the workflow does.
 
@@ -48,10 +48,10 @@ async def temporal_worker(
 ) -> AsyncIterator[tuple]:
     """A Temporal dev server (unless ``address`` is given) and an in-process worker.
     Yields ``(client, settings, worker_process)``."""
-    import worker_main
     from infra.services import start_temporal
     from trialflow import batch
     from trialflow.settings import load_settings
+    from trialflow.worker import WorkerProcess
 
     service = None
     if address is None:
@@ -67,14 +67,10 @@ async def temporal_worker(
         drain_grace_s=5,
     )
     client = await batch.connect(settings.temporal_address)
-    process = await worker_main.build(settings, client)
-    stop = asyncio.Event()
-    running = asyncio.create_task(process.run(stop))
     try:
-        yield client, settings, process
+        async with WorkerProcess(settings, client) as process:
+            yield client, settings, process
     finally:
-        stop.set()
-        await running
         if service is not None:
             await asyncio.to_thread(service.stop)
 

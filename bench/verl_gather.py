@@ -88,12 +88,13 @@ def bytes_per_token() -> list[dict]:
 async def gather_bench(args: argparse.Namespace) -> dict:
     import docker
 
-    import worker_main
     from trialflow import batch
     from trialflow.sandbox.base_image import ensure_base_image
     from trialflow.settings import load_settings
+    from trialflow.storage import open_store
     from trialflow.verl.convert import ConvertConfig, convert_trial
     from trialflow.verl.step_batch import run_step
+    from trialflow.worker import WorkerProcess
 
     ensure_base_image(docker.from_env())
     suffix = uuid.uuid4().hex[:8]
@@ -110,10 +111,7 @@ async def gather_bench(args: argparse.Namespace) -> dict:
         drain_grace_s=5,
     )
     client = await batch.connect(settings.temporal_address)
-    process = await worker_main.build(settings, client)
-    stop = asyncio.Event()
-    running = asyncio.create_task(process.run(stop))
-    try:
+    async with WorkerProcess(settings, client):
         specs = batch.make_specs(
             f"bench-{suffix}",
             [REPO / "examples" / "tasks" / args.task],
@@ -122,14 +120,11 @@ async def gather_bench(args: argparse.Namespace) -> dict:
             attempt_limit=1,
         )
         t0 = time.time()
-        step = await run_step(client, worker_main.open_store(settings), specs, task_queue=settings.task_queue)
+        step = await run_step(client, open_store(settings), specs, task_queue=settings.task_queue)
         cfg = ConvertConfig(prompt_length=4096, response_length=8192)
         converted = [convert_trial(t.trajectory, t.result, cfg) for t in step.trials]
         in_hands = time.time()
         descs = await asyncio.gather(*(client.get_workflow_handle(s.trial_id).describe() for s in specs))
-    finally:
-        stop.set()
-        await running
     closes = [d.close_time.timestamp() for d in descs]
     durations = [(d.close_time - d.start_time).total_seconds() for d in descs]
     own = [sum(t.result.timings.values()) for t in step.trials]
@@ -165,8 +160,8 @@ async def gather_bench(args: argparse.Namespace) -> dict:
 
 
 async def read_bench(args: argparse.Namespace) -> list[dict]:
-    import worker_main
     from trialflow.settings import load_settings
+    from trialflow.storage import open_store
     from trialflow.verl.convert import ConvertConfig, convert_trial
     from trialflow.verl.step_batch import load_trajectory
     from workflows.shared import TrialResult
@@ -178,7 +173,7 @@ async def read_bench(args: argparse.Namespace) -> list[dict]:
         s3_access_key="trialflow",
         s3_secret_key="trialflow",
     )
-    store = worker_main.open_store(settings)
+    store = open_store(settings)
     rows = []
     for name, shape in {"none": None, "moe-48x8/128": (48, 8, 128)}.items():
         payload = synthetic_trajectory(turns=30, gen=200, env=300, prompt=4000, experts=shape).to_bytes()

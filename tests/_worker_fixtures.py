@@ -7,13 +7,12 @@ queue, S3 prefix and worker id).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-import worker_main
 from trialflow import batch
+from trialflow.worker import WorkerProcess
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +21,9 @@ async def client(settings):
 
 
 @pytest.fixture(scope="module")
-async def worker(settings, client) -> AsyncIterator[worker_main.WorkerProcess]:
-    process = await worker_main.build(settings, client)
-    stop = asyncio.Event()
-    task = asyncio.create_task(process.run(stop))
-    yield process
-    stop.set()
-    await task
+async def worker(settings, client) -> AsyncIterator[WorkerProcess]:
+    async with WorkerProcess(settings, client) as process:
+        yield process
 
 
 @pytest.fixture

@@ -30,12 +30,11 @@ import aiohttp
 import pytest
 from temporalio.service import RPCError
 
-import worker_main
 from proxy.trajectory import Trajectory
 from trialflow import batch
 from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult
 from trialflow.settings import load_settings
-from trialflow.storage import TrialKeys
+from trialflow.storage import TrialKeys, open_store
 from workflows.shared import host_queue
 from workflows.trial import TrialWorkflow
 
@@ -149,7 +148,7 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
     settings = load_settings(
         **{k: json.loads(v) if k in ("replica_urls", "extra_scaffolds") else v for k, v in fields.items()}
     )
-    store = worker_main.open_store(settings)
+    store = open_store(settings)
     client = await batch.connect(temporal_address)
     first = _start_worker(env, f"first-{suffix}", tmp_path / "first.log")
     second: subprocess.Popen | None = None

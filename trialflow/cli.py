@@ -61,20 +61,14 @@ def _settings(**flags) -> TrialflowSettings:
 
 @contextlib.asynccontextmanager
 async def in_process_worker(settings: TrialflowSettings, client, enabled: bool) -> AsyncIterator[None]:
-    """Run a worker (worker_main) in this process for the duration of the block."""
+    """Run a worker in this process for the duration of the block."""
     if not enabled:
         yield
         return
-    import worker_main
+    from trialflow.worker import WorkerProcess
 
-    process = await worker_main.build(settings, client)
-    stop = asyncio.Event()
-    task = asyncio.create_task(process.run(stop))
-    try:
+    async with WorkerProcess(settings, client):
         yield
-    finally:
-        stop.set()
-        await task
 
 
 async def run_specs(
@@ -288,13 +282,12 @@ def inspect(
     store_dir: StoreDirOpt = None,
 ) -> None:
     """Print a trial's stored result and every attempt's trajectory, turn by turn."""
-    import worker_main
-    from activities.store import trial_result_key
     from trialflow.inspection import result_view, trajectory_view
+    from trialflow.storage import open_store, trial_result_key
 
     settings = _settings(temporal=temporal, s3=s3, store_dir=store_dir)
     batch_id = batch_id or _trial_batch(settings, trial_id)
-    store = worker_main.open_store(settings)
+    store = open_store(settings)
     result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(batch_id, trial_id)))
     console.print(result_view(result))
     for attempt in range(1, result.attempts + 1):
@@ -313,12 +306,12 @@ def report(
     store_dir: StoreDirOpt = None,
 ) -> None:
     """Write a self-contained HTML report of a batch from the results in the store."""
-    import worker_main
     from trialflow.inspection import batch_results
     from trialflow.report import write_report
+    from trialflow.storage import open_store
 
     settings = _settings(s3=s3, store_dir=store_dir)
-    results = batch_results(worker_main.open_store(settings), batch_id)
+    results = batch_results(open_store(settings), batch_id)
     if not results:
         console.print(f"no results stored for batch {batch_id}")
         raise typer.Exit(1)
@@ -340,8 +333,8 @@ def worker(
     metrics_port: Annotated[int | None, typer.Option()] = None,
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (then drain)."""
-    import worker_main
     from proxy import eventloop
+    from trialflow.worker import serve
 
     settings = _settings(
         temporal=temporal,
@@ -353,7 +346,7 @@ def worker(
         metrics_port=metrics_port,
     )
     _ensure_search_attributes(settings)
-    eventloop.run(worker_main.serve(settings))
+    eventloop.run(serve(settings))
 
 
 @app.command()

@@ -32,15 +32,24 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from trialflow.errors import ObjectNotFound, StorageError
+
+if TYPE_CHECKING:
+    from trialflow.settings import TrialflowSettings
 
 
 def validate_key(key: str) -> str:
     if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
         raise ValueError(f"invalid store key {key!r}: must be relative, without empty, '.' or '..' parts")
     return key
+
+
+def trial_result_key(batch_id: str, trial_id: str) -> str:
+    """The whole trial's result: beside its attempts (`TrialKeys.root` is one level down)."""
+    return f"batches/{batch_id}/trials/{trial_id}/result.json"
 
 
 @dataclass(frozen=True)
@@ -296,3 +305,18 @@ class StoreCheckpointSink:
 
     async def write(self, session_id: str, seq: int, payload: bytes) -> None:
         await asyncio.to_thread(self.store.put_bytes, self.key(seq), payload, "application/x-npz")
+
+
+def open_store(settings: TrialflowSettings) -> ResultStore:
+    """The store the settings name: S3 when an endpoint is configured, else the local
+    directory store (`store_dir`). The one place that maps settings to a store."""
+    if settings.s3_endpoint:
+        return S3Store(
+            settings.s3_endpoint,
+            settings.s3_bucket,
+            settings.s3_prefix,
+            access_key=settings.s3_access_key,
+            secret_key=settings.s3_secret_key,
+            create_bucket=True,
+        )
+    return LocalStore(settings.store_dir)

@@ -18,7 +18,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-import worker_main
 from trialflow import batch
 from trialflow.scaffolds import (
     Scaffold,
@@ -27,7 +26,8 @@ from trialflow.scaffolds import (
     register_scaffold,
 )
 from trialflow.settings import load_settings
-from trialflow.storage import TrialKeys
+from trialflow.storage import TrialKeys, open_store
+from trialflow.worker import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = REPO / "examples" / "tasks" / "create-file"
@@ -83,19 +83,13 @@ async def test_replicas_down_is_a_retried_infra_error(
         drain_grace_s=5,
     )
     client = await batch.connect(temporal_address)
-    process = await worker_main.build(settings, client)
-    stop = asyncio.Event()
-    running = asyncio.create_task(process.run(stop))
-    try:
+    async with WorkerProcess(settings, client) as process:
         spec = batch.make_specs(f"down-{suffix}", [TASK], "test-one-turn", attempt_limit=2)[0]
         [r] = await batch.run(client, [spec], task_queue=settings.task_queue)
-    finally:
-        stop.set()
-        await running
     assert r.termination_reason == "infra_error" and r.attempts == 2
     assert r.error is not None and r.error.type == "ReplicaUnavailable"
     assert r.error.phase == "scaffold" and not r.error.non_retryable
-    store = worker_main.open_store(settings)
+    store = open_store(settings)
     for attempt in (1, 2):
         keys = TrialKeys(spec.batch_id, spec.trial_id, attempt)
         assert store.exists(keys.trajectory) and store.exists(keys.log("scaffold.log"))

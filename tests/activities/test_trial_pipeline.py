@@ -1,6 +1,6 @@
 """Trials end to end through the REAL activities: Temporal dev server, Docker, SeaweedFS.
 
-One in-process worker (worker_main.build, no model: oracle/nop/test scaffolds only) serves
+One in-process worker (`WorkerProcess`, no model: oracle/nop/test scaffolds only) serves
 the module on its own task queue. Covers: oracle solves every sample task that has a
 working verifier (reward 1), nop solves none, the broken-verifier and slow-verifier
 samples give invalid rewards with the reason recorded, a Dockerfile that fails to build
@@ -17,7 +17,6 @@ from pathlib import Path
 import boto3
 import pytest
 
-import worker_main
 from trialflow import batch
 from trialflow.sandbox.base import ExecResult
 from trialflow.scaffolds import (
@@ -27,7 +26,7 @@ from trialflow.scaffolds import (
     register_scaffold,
 )
 from trialflow.settings import TrialflowSettings, load_settings
-from trialflow.storage import TrialKeys
+from trialflow.storage import TrialKeys, open_store
 from workflows.shared import TrialResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,6 +155,6 @@ async def test_unknown_scaffold_is_a_recorded_non_retryable_error(
 
 def test_trial_keys_match_the_listed_uris(settings):
     """The attempt URI the workflow lists is the store's own URI of TrialKeys.root."""
-    store = worker_main.open_store(settings)
+    store = open_store(settings)
     keys = TrialKeys("b", "trial-b-t-0", 2)
     assert store.uri(keys.root) == f"s3://{settings.s3_bucket}/{settings.s3_prefix}/{keys.root}"

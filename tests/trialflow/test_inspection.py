@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from activities.store import trial_result_key
+from trialflow.storage import trial_result_key
 from proxy.trajectory import SegmentHeader, Trajectory, TurnDelta, TurnRecord
 from trialflow.cli import app
 from trialflow.inspection import (

@@ -9,9 +9,9 @@ import asyncio
 import json
 import sys
 
-import worker_main
 from trialflow import batch
 from trialflow.settings import load_settings
+from trialflow.storage import open_store
 from trialflow.verl.step_batch import run_step
 from workflows.shared import TrialSpec
 
@@ -22,7 +22,7 @@ async def main() -> None:
     client = await batch.connect(settings.temporal_address)
     specs = [TrialSpec.model_validate(s) for s in req["specs"]]
     print("submitting", flush=True, file=sys.stderr)
-    step = await run_step(client, worker_main.open_store(settings), specs, task_queue=req["task_queue"])
+    step = await run_step(client, open_store(settings), specs, task_queue=req["task_queue"])
     for t in step.trials:
         print(
             json.dumps(

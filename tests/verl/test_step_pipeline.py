@@ -19,7 +19,6 @@ from openai import AsyncOpenAI
 from temporalio.client import WorkflowExecutionStatus
 from transformers import AutoTokenizer
 
-import worker_main
 from proxy.trajectory import Trajectory
 from tests.verl._support import bare_worker, loop_for, step_rows, verl_batch
 from trialflow import batch
@@ -31,6 +30,7 @@ from trialflow.scaffolds import (
     register_scaffold,
 )
 from trialflow.settings import TrialflowSettings, load_settings
+from trialflow.storage import open_store
 from trialflow.verl.step_batch import StragglerPolicy, run_step
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ async def test_agent_loop_step_oracle_and_scripted_chat(
     for o in outs[:2]:  # the oracle never calls the model: masked placeholder, verifier's reward
         assert o.reward_score == 1.0 and o.extra_fields["segment_kind"] == "empty"
         assert o.extra_fields["termination_reason"] == "submitted" and o.response_mask == [0]
-    store = worker_main.open_store(settings)
+    store = open_store(settings)
     for o in outs[2:]:  # two real turns on vLLM, read back from S3
         ef = o.extra_fields
         assert ef["reward_valid"] and o.reward_score == 0.0 and ef["segment_kind"] == "main", ef
@@ -169,7 +169,7 @@ async def test_straggler_fraction_cancels_and_records(settings, client, worker, 
         assert s.scaffold == "test-sleep"
     step = await run_step(
         client,
-        worker_main.open_store(settings),
+        open_store(settings),
         specs,
         StragglerPolicy(mode="fraction", fraction=0.5, grace_s=0.5, cancel_wait_s=30),
         task_queue=settings.task_queue,
@@ -191,7 +191,7 @@ async def test_deadline_cancels_everything_unfinished(settings, client, worker, 
     )
     step = await run_step(
         client,
-        worker_main.open_store(settings),
+        open_store(settings),
         specs,
         StragglerPolicy(deadline_s=2.0),
         task_queue=settings.task_queue,

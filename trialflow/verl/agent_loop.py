@@ -55,7 +55,7 @@ from verl.utils.ray_utils import auto_await
 
 from trialflow import batch as trial_batch
 from trialflow.settings import TrialflowSettings, load_settings
-from trialflow.storage import ResultStore
+from trialflow.storage import ResultStore, open_store
 from trialflow.verl.convert import ConvertConfig, ConvertedTrial, convert_trial, extra_fields, loop_metrics
 from trialflow.verl.step_batch import StragglerPolicy, run_step
 from workflows.shared import TrialSpec
@@ -225,8 +225,6 @@ async def _client(settings: TrialflowSettings) -> Client:
 def _store(settings: TrialflowSettings) -> ResultStore:
     key = settings.model_dump_json(include={"s3_endpoint", "s3_bucket", "s3_prefix", "store_dir"})
     if key not in _stores:
-        from worker_main import open_store  # the one place that maps settings to a store
-
         _stores[key] = open_store(settings)
     return _stores[key]
 

@@ -1,0 +1,245 @@
+"""One trialflow worker process: Temporal workers + in-process proxy + sandbox backend.
+
+Three Temporal workers share one client:
+- the shared queue (`settings.task_queue`, default `SHARED_QUEUE`): TrialWorkflow,
+  result storage and the teardown fallback;
+- its set-up queue (`setup_queue`): new sandboxes, on this process's engine (a drain
+  stops this one first);
+- this process's host queue (`host_queue(hostname, worker_id)`): scaffold, verify and
+  teardown of the sandboxes this process created.
+
+Lifecycle: `async with WorkerProcess(settings, client) as worker:` connects (unless given a
+client), starts the proxy, builds the workers and polls in the background; leaving the
+block drains (`_drain`): no new sandboxes are taken, the trials whose sandboxes live here
+run to their teardown, within `drain_grace_s` in all; then the workers stop (running
+activities are cancelled after the grace) and the proxy and backend close. A worker that
+dies inside the block ends `wait()` and is raised on exit. Used by `worker_main.py`, the CLI's
+in-process worker and the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import signal
+import socket
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+import docker
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.worker import Worker
+
+from activities.sandbox import SandboxActivities
+from activities.scaffold import ScaffoldActivities
+from activities.store import StoreActivities
+from activities.verify import VerifyActivities
+from trialflow.batch import connect
+from trialflow.metrics import TrialMetrics
+from trialflow.sandbox import DockerBackend
+from trialflow.scaffolds import register_scaffold
+from trialflow.settings import TrialflowSettings
+from trialflow.storage import open_store
+from workflows.shared import host_queue, setup_queue
+from workflows.trial import TrialWorkflow
+
+if TYPE_CHECKING:
+    from proxy.server import ProxyServer
+
+log = logging.getLogger("trialflow.worker")
+
+REAP_INTERVAL_S = 600.0
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
+    """The in-process proxy; None without a model dir (model-free scaffolds only)."""
+    if settings.model_dir is None:
+        return None
+    from proxy.server import ProxyServer
+    from proxy.session import SessionConfig
+
+    return ProxyServer(
+        model_dir=settings.model_dir,
+        host=settings.proxy_host,
+        port=settings.proxy_port,
+        replicas=settings.replica_urls,
+        defaults=SessionConfig(model=settings.model_name),
+    )
+
+
+def build_id() -> str:
+    """The workers' Temporal build id: a hash of this checkout's workflow and activity
+    sources. Given explicitly because the SDK's default hashes the code of every loaded
+    module, which trips over transformers' lazy modules (a warning line for each, ~200)."""
+    digest = hashlib.sha256()
+    for path in sorted([*REPO_ROOT.glob("workflows/*.py"), *REPO_ROOT.glob("activities/*.py")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"trialflow-{digest.hexdigest()[:16]}"
+
+
+class WorkerProcess:
+    """Everything one worker process runs (see the module docstring for the lifecycle).
+
+    The attributes below exist inside the `async with` block only."""
+
+    client: Client
+    proxy: ProxyServer | None
+    backend: DockerBackend
+    metrics: TrialMetrics
+    host_queue: str
+    sandboxes: SandboxActivities
+    workflows: Worker  # shared queue: workflows, result storage, teardown fallback
+    setups: Worker  # the set-up queue: new sandboxes
+    host: Worker  # this process's host queue
+
+    def __init__(self, settings: TrialflowSettings, client: Client | None = None) -> None:
+        self.settings = settings
+        self._client = client
+        self._stop = asyncio.Event()
+        self._running: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        await self._build()
+        self._running = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        if self._running is not None:
+            await self._running  # drains; a worker's own error surfaces here
+
+    async def wait(self, stop: asyncio.Event) -> None:
+        """Return when `stop` is set or the workers stopped by themselves (one died)."""
+        if self._running is None:
+            raise RuntimeError("WorkerProcess.wait() outside its `async with` block")
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait([stopped, self._running], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+
+    async def _build(self) -> None:
+        """Connect, start the proxy, create the activity objects and the three workers."""
+        settings = self.settings
+        self.client = self._client or await connect(settings.temporal_address, settings.temporal_namespace)
+        worker_id = settings.worker_id or str(os.getpid())
+        self.host_queue = queue = host_queue(socket.gethostname(), worker_id)
+        self.metrics = metrics = TrialMetrics()
+        for name, target in settings.extra_scaffolds.items():
+            register_scaffold(name, target)
+        store = open_store(settings)
+        self.backend = DockerBackend(
+            docker.from_env(), labels={"trialflow.worker": queue}, policy=settings.sandbox_policy()
+        )
+        self.proxy = open_proxy(settings)
+        if self.proxy is not None:
+            await self.proxy.start()
+        self.sandboxes = sandbox = SandboxActivities(self.backend, store.uri, queue, metrics)
+        scaffold = ScaffoldActivities(
+            self.proxy, self.backend, store, metrics, self.client, settings.model_name
+        )
+        verify = VerifyActivities(self.backend, store, metrics)
+        results = StoreActivities(store, metrics)
+        grace = timedelta(seconds=settings.drain_grace_s)
+        version = build_id()
+        n = settings.max_concurrent_trials
+        self.workflows = Worker(
+            self.client,
+            task_queue=settings.task_queue,
+            workflows=[TrialWorkflow],
+            activities=[sandbox.teardown, results.store_result],
+            graceful_shutdown_timeout=grace,
+            build_id=version,
+        )
+        self.setups = Worker(
+            self.client,
+            task_queue=setup_queue(settings.task_queue),
+            activities=[sandbox.setup],
+            max_concurrent_activities=n,
+            graceful_shutdown_timeout=grace,
+            build_id=version,
+        )
+        # Verify and teardown must never wait behind running scaffolds: 2 slots per trial.
+        self.host = Worker(
+            self.client,
+            task_queue=queue,
+            activities=[scaffold.run_scaffold, verify.verify, sandbox.teardown],
+            max_concurrent_activities=2 * n,
+            graceful_shutdown_timeout=grace,
+            build_id=version,
+        )
+        metrics.serve(settings.metrics_port)
+
+    async def _run(self) -> None:
+        workers = (self.workflows, self.setups, self.host)
+        tasks = [asyncio.create_task(w.run()) for w in workers]
+        reaper = asyncio.create_task(self._reap_forever())
+        log.info("polling %s and %s", self.settings.task_queue, self.host_queue)
+        try:
+            stopped = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopped:
+                    task.result()  # a worker died: surface its error
+        finally:
+            reaper.cancel()
+            await self._drain()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.proxy is not None:
+                await self.proxy.stop()
+            self.backend.close()
+
+    async def _drain(self) -> None:
+        """Take no new sandboxes, let the trials whose sandboxes live here run to their end
+        (scaffold, verify, teardown on this host queue; the result stored by this or any
+        worker), then stop; all within `drain_grace_s`.
+
+        Workflow tasks and result storage keep being served meanwhile, so a lone worker
+        can still finish its trials. Sandboxes whose trials do not finish in time stay for
+        the reaper; their workflows start a new attempt elsewhere (host lost).
+        """
+        grace = self.settings.drain_grace_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        owned = self.sandboxes.live_workflows()
+        log.info("draining: %d sandbox(es), grace %.0fs", self.sandboxes.live, grace)
+        await self.setups.shutdown()
+        while loop.time() < deadline:
+            if not self.sandboxes.live and not await self._running_any(owned):
+                break
+            await asyncio.sleep(0.5)
+        else:
+            log.warning("drain grace over with %d sandbox(es) left", self.sandboxes.live)
+        await asyncio.gather(self.host.shutdown(), self.workflows.shutdown())
+
+    async def _running_any(self, workflow_ids: set[str]) -> bool:
+        """True while any of these workflows is still open."""
+        for workflow_id in workflow_ids:
+            desc = await self.client.get_workflow_handle(workflow_id).describe()
+            if desc.status == WorkflowExecutionStatus.RUNNING:
+                return True
+        return False
+
+    async def _reap_forever(self) -> None:
+        while True:
+            report = await self.backend.reap(self.settings.reap_after_s)
+            if report.removed:
+                log.warning("reaped leaked sandboxes: %s", report.removed)
+            await asyncio.sleep(REAP_INTERVAL_S)
+
+
+async def serve(settings: TrialflowSettings) -> None:
+    """Run a worker until SIGTERM/SIGINT, then drain (`worker_main.py`, `trialflow worker`)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with WorkerProcess(settings) as process:
+        await process.wait(stop)
