@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-import worker_main
 from proxy.trajectory import Trajectory
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
 from tests.verl._support import loop_for, step_rows
 from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, register_scaffold
 from trialflow.settings import TrialflowSettings, load_settings
+from trialflow.storage import open_store
 
 pytestmark = [pytest.mark.temporal, pytest.mark.docker, pytest.mark.s3]
 
@@ -114,7 +114,7 @@ async def test_trials_spread_over_replicas_stick_and_avoid_a_down_one(
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     loop = loop_for(tok, settings, 512, 64, n=8, run_name=f"spread-{uuid.uuid4().hex[:6]}", replicas="verl")
     loop.server_manager = server_manager
-    store = worker_main.open_store(settings)
+    store = open_store(settings)
     urls = [d.url for d in doubles]
 
     rows = step_rows([(TASK, "test-three-turns")] * (TRIALS // 8), rollouts=8, step=1)
