@@ -19,6 +19,12 @@ Policy (the one place retries live):
   After ``max_resumes`` resumes the pool gives up with ``GenerationAborted``.
 - A background task polls ``GET /health`` every ``health_interval_s`` (None: no polling;
   failures and successes of real calls still update the marks).
+- A hung replica (a stopped process, a wedged GPU) answers neither the turn nor the health
+  probe. Each generation attempt therefore has a deadline (``Deadlines``: a grace period
+  plus ``max_tokens`` over the replica's observed tokens per second, times a slack) and is
+  also watched for its replica being marked down: either one cancels the call, marks the
+  replica down and replays the turn on another replica. The cancelled call's partial output
+  was never seen (calls are non-streaming), so the replayed turn's record is exact.
 - Replicas can be added and removed at runtime; a removed replica finishes its
   in-flight calls, and sessions stuck to it move on their next turn.
 
@@ -34,8 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -70,13 +78,36 @@ def replica_url(url: object) -> str:
     return url.rstrip("/")
 
 
+@dataclass(frozen=True)
+class Deadlines:
+    """How long one generation attempt may run on a replica before it is cancelled and
+    replayed elsewhere: ``grace_s + slack * max_tokens / tokens_per_s``, where
+    ``tokens_per_s`` is the replica's observed rate (an average over its recent calls:
+    generated tokens over the call's wall time, so prefill and queueing count against it).
+    Before a replica has finished a call it is ``max_s``; the result is never above
+    ``max_s``. ``grace_s`` covers prefill and queueing that the rate does not foresee."""
+
+    grace_s: float = 30.0
+    slack: float = 3.0
+    max_s: float = 600.0
+
+    def deadline_s(self, max_tokens: int, tokens_per_s: float | None) -> float:
+        if not tokens_per_s or tokens_per_s <= 0:
+            return self.max_s
+        return min(self.max_s, self.grace_s + self.slack * max_tokens / tokens_per_s)
+
+
+# weight of the newest call in a replica's tokens-per-second average
+_RATE_WEIGHT = 0.3
+
+
 @dataclass
 class Replica:
-    """State of one replica as the pool sees it."""
+    """State of one replica as the pool sees it. ``down`` is set while it is marked down
+    (generations running on it watch it)."""
 
     url: str
     client: VLLMClient
-    up: bool = True
     in_flight: int = 0
     served: int = 0
     failures: int = 0
@@ -84,6 +115,27 @@ class Replica:
     max_model_len: int | None = None
     sessions: int = 0  # sessions stuck to this replica now
     assigned: int = 0  # sessions ever stuck to it (round-robin among otherwise equal replicas)
+    tokens_per_s: float | None = None  # observed generation rate (see Deadlines)
+    down: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def up(self) -> bool:
+        return not self.down.is_set()
+
+    @up.setter
+    def up(self, value: bool) -> None:
+        if value:
+            self.down.clear()
+        else:
+            self.down.set()
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """Fold one finished call into ``tokens_per_s`` (calls without tokens say nothing)."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = tokens / seconds
+        old = self.tokens_per_s
+        self.tokens_per_s = rate if old is None else (1 - _RATE_WEIGHT) * old + _RATE_WEIGHT * rate
 
 
 @dataclass
@@ -129,6 +181,8 @@ class ReplicaPool:
     """Routes generations over vLLM replicas. Use ``async with`` or ``start()``/``close()``.
 
     ``client_factory`` builds the per-replica client (tests pass one with short timeouts).
+    ``health_timeout_s`` bounds one health probe (a hung replica is marked down after it).
+    ``deadlines``: per-attempt generation deadlines (module docstring).
     """
 
     def __init__(
@@ -137,9 +191,13 @@ class ReplicaPool:
         *,
         client_factory: Callable[[str], VLLMClient] = VLLMClient,
         health_interval_s: float | None = 5.0,
+        health_timeout_s: float = 5.0,
         max_resumes: int = 8,
+        deadlines: Deadlines = Deadlines(),
     ) -> None:
         self._factory = client_factory
+        self._health_timeout_s = health_timeout_s
+        self.deadlines = deadlines
         self._replicas: dict[str, Replica] = {}
         self._sticky: dict[str, str] = {}
         self._health_interval_s = health_interval_s
@@ -216,7 +274,7 @@ class ReplicaPool:
     async def check_health(self) -> None:
         """Probe every replica once and update its mark."""
         reps = list(self._replicas.values())
-        results = await asyncio.gather(*(r.client.healthy() for r in reps))
+        results = await asyncio.gather(*(r.client.healthy(self._health_timeout_s) for r in reps))
         for rep, ok in zip(reps, results, strict=True):
             if rep.up != ok:
                 log.info("replica %s is now %s", rep.url, "up" if ok else "down")
@@ -259,8 +317,9 @@ class ReplicaPool:
             raise ReplicaUnavailable("no replicas configured")
         for rep in candidates:
             rep.in_flight += 1
+            started = time.monotonic()
             try:
-                gen = await rep.client.complete(req)
+                gen = await self._attempt(rep, req)
             except BackendError as exc:
                 if not is_retryable(exc):
                     raise
@@ -275,10 +334,39 @@ class ReplicaPool:
                     self._retired.remove(rep)
                     await rep.client.close()
             rep.up, rep.served = True, rep.served + 1
+            rep.observe(len(gen.token_ids), time.monotonic() - started)
             if self._sticky.get(session_key) != rep.url:
                 self._stick(session_key, rep.url)
             return gen
         raise ReplicaUnavailable("no replica answered: " + "; ".join(errors))
+
+    async def _attempt(self, rep: Replica, req: CompletionRequest) -> Generation:
+        """One call on ``rep``, cancelled at its deadline or when ``rep`` is marked down
+        (only a change to down while it runs counts: a replica tried although already
+        marked down, as a last resort, is bounded by the deadline alone)."""
+        deadline = self.deadlines.deadline_s(req.max_tokens, rep.tokens_per_s)
+        call = asyncio.ensure_future(rep.client.complete(req))
+        watched: set[asyncio.Future[Any]] = {call}
+        marked_down = asyncio.ensure_future(rep.down.wait()) if rep.up else None
+        if marked_down is not None:
+            watched.add(marked_down)
+        try:
+            await asyncio.wait(watched, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if marked_down is not None:
+                marked_down.cancel()
+            if not call.done():
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
+        if not call.cancelled():
+            return call.result()
+        if marked_down is not None and rep.down.is_set():
+            why = "was marked down while generating"
+        else:
+            rep.up = False
+            why = f"gave no answer within its {deadline:.1f} s deadline ({req.max_tokens} max tokens)"
+        log.warning("replica %s %s; the turn moves to another replica", rep.url, why)
+        raise ReplicaUnavailable(f"{rep.url} {why}", replica=rep.url)
 
     async def generate(self, session_key: str, req: CompletionRequest) -> Generation:
         """Generate for ``session_key``, failing over and resuming aborts (module docstring)."""

@@ -11,7 +11,7 @@ Management (no auth: bind it to a private interface; the worker uses it in-proce
                                  session records the new weights version (a turn running across
                                  the change records both ends in its segment's range)
     GET  /replicas               -> {replicas: [{url, up, in_flight, served, failures, sessions,
-                                 max_model_len}], shared: [{sessions, replicas: [...]}]}
+                                 tokens_per_s, max_model_len}], shared: [{sessions, replicas: [...]}]}
                                  (the server's default pool; the shared pools of sessions that
                                  name their own replicas)
     POST /replicas               {add?: [url], remove?: [url]} -> the same listing: replicas joining
@@ -536,6 +536,7 @@ def _replica_rows(pool: ReplicaPool) -> list[dict[str, Any]]:
             "served": r.served,
             "failures": r.failures,
             "sessions": r.sessions,
+            "tokens_per_s": r.tokens_per_s,
             "max_model_len": r.max_model_len,
         }
         for r in pool.replicas

@@ -264,3 +264,31 @@ class ScriptedVLLM:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
+
+
+async def _serve(model_dir: str, port: int, text: str, delay_s: float) -> None:
+    from transformers import AutoTokenizer
+
+    double = ScriptedVLLM(AutoTokenizer.from_pretrained(model_dir), default=Reply(text, delay_s=delay_s))
+    await double.start(port)
+    print(f"listening {double.url}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    """``python -m tests.doubles.scripted_vllm --model-dir DIR [--port N] [--text T] [--delay-s S]``:
+    the double in its own process, answering every request with ``Reply(T, delay_s=S)``
+    (tests stop it with SIGSTOP to make a hung replica). Prints ``listening URL`` when up."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--text", default="OK")
+    p.add_argument("--delay-s", type=float, default=0.0)
+    a = p.parse_args()
+    asyncio.run(_serve(a.model_dir, a.port, a.text, a.delay_s))
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,8 @@ import pytest
 
 from proxy.backend import CompletionRequest, VLLMClient
 from proxy.errors import BackendHTTPError, GenerationAborted, ReplicaUnavailable
-from proxy.pool import ReplicaPool, SharedPools, replica_url
+from proxy.pool import Deadlines, ReplicaPool, SharedPools, replica_url
+from tests.doubles.process import double_process
 from tests.doubles.scripted_vllm import (
     Abort,
     Drop,
@@ -196,3 +197,32 @@ def test_replica_url_rules():
     ):
         with pytest.raises(ValueError):
             replica_url(bad)
+
+
+async def test_a_hung_replica_is_cancelled_at_its_deadline(tok, tiny_model_dir):
+    """No health polling: the deadline alone (grace + slack * max_tokens / observed rate)
+    cancels the call on the SIGSTOPped replica and the turn is replayed on the other."""
+    async with double_process(tiny_model_dir, text="from a", delay_s=0.2) as a, ScriptedVLLM(tok) as b:
+        b.default = Reply("from b")
+        pool = ReplicaPool(
+            [a.url, b.url], health_interval_s=None, deadlines=Deadlines(grace_s=1.0, slack=2.0, max_s=120)
+        )
+        async with pool:
+            first = await pool.generate("s", _req(max_tokens=8))
+            rep_a = pool.replicas[0]
+            assert first.replica == a.url and rep_a.tokens_per_s is not None
+            deadline = pool.deadlines.deadline_s(8, rep_a.tokens_per_s)
+            assert 1.0 < deadline < 120
+            a.stop()
+            gen = await asyncio.wait_for(pool.generate("s", _req(max_tokens=8)), 60)
+            assert gen.replica == b.url and not rep_a.up and rep_a.failures == 1
+            expected = tok.encode("from b", add_special_tokens=False) + [tok.eos_token_id]
+            assert gen.token_ids == expected and b.requests[0]["prompt"] == PROMPT
+            assert gen.logprobs == [fake_logprob(t, len(PROMPT) + i) for i, t in enumerate(expected)]
+
+
+def test_deadline_rule():
+    d = Deadlines(grace_s=10, slack=3, max_s=100)
+    assert d.deadline_s(64, None) == 100  # nothing observed yet
+    assert d.deadline_s(64, 32.0) == 10 + 3 * 2
+    assert d.deadline_s(10_000, 1.0) == 100

@@ -394,3 +394,49 @@ async def test_bad_replica_urls_are_a_400_at_session_open(tok):
                 assert r.status == 400 and body["error"]["type"] == "InvalidRequest", body
                 assert "replicas" in body["error"]["message"]
             assert srv.shared_pools.pools() == [] and not srv._sessions
+
+
+async def test_a_turn_on_a_replica_marked_down_mid_generation_moves_over_exactly(tok, tiny_model_dir):
+    """The session's replica is SIGSTOPped while it generates turn 2; the health loop marks
+    it down, the call is cancelled and the turn completes on the other replica. The record
+    holds exactly what that replica generated, nothing of the stopped one."""
+    from proxy.pool import ReplicaPool
+    from proxy.server import ProxyServer
+    from tests.doubles.process import double_process
+    from tests.doubles.scripted_vllm import fake_logprob
+
+    async with double_process(tiny_model_dir, text="from a", delay_s=1.0) as a, ScriptedVLLM(tok) as b:
+        b.default = Reply("from b")
+        srv = ProxyServer(
+            tokenizer=tok,
+            defaults=SessionConfig(model="scripted", max_context_tokens=4096),
+            pool_factory=lambda u: ReplicaPool(u, health_interval_s=0.2, health_timeout_s=0.5),
+        )
+        async with srv, aiohttp.ClientSession() as http:
+            h = srv.open_session(replace(srv.defaults, replicas=(a.url, b.url)))
+            chat = h.openai_base_url + "/chat/completions"
+            r = await http.post(chat, json=CHAT)
+            assert (await r.json())["choices"][0]["message"]["content"] == "from a"
+            again = {
+                **CHAT,
+                "messages": [
+                    *CHAT["messages"],
+                    {"role": "assistant", "content": "from a"},
+                    {"role": "user", "content": "more"},
+                ],
+            }
+            turn = asyncio.create_task(http.post(chat, json=again))
+            await asyncio.sleep(0.4)  # a has the request and sleeps in its 1 s delay
+            a.stop()
+            r = await asyncio.wait_for(turn, 60)
+            assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] == "from b"
+            t = await srv.close_session(h.session_id)
+    assert [x.replica for x in t.turns] == [a.url, b.url]
+    seg = t.segments[0]
+    gen_b = tok.encode("from b", add_special_tokens=False) + [tok.eos_token_id]
+    prompt_b = b.requests[0]["prompt"]
+    assert seg.full_ids == prompt_b + gen_b  # one segment: turn 2's prompt extends turn 1
+    n = len(gen_b)
+    assert list(seg.response_ids[-n:]) == gen_b and list(seg.response_mask[-n:]) == [1] * n
+    expected = [fake_logprob(tok_id, len(prompt_b) + i) for i, tok_id in enumerate(gen_b)]
+    assert list(seg.response_logprobs[-n:]) == pytest.approx(expected)
