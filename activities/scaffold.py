@@ -51,7 +51,8 @@ from workflows.shared import (
 )
 
 if TYPE_CHECKING:  # the proxy stack is optional: model-free workers never load it
-    from proxy.server import ProxyServer
+    from proxy.server import ProxyServer, SessionHandle
+    from trialflow.sandbox.base import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +94,19 @@ class ScaffoldActivities:
             session = (
                 self._open_session(inp, keys, model, scaffold.main_thread) if scaffold.needs_model else None
             )
+            urls = (None, None)
+            if session is not None:
+                try:
+                    urls = await self._session_urls(session, sandbox, scaffold.runs_in_sandbox)
+                except BaseException:
+                    assert self._proxy is not None
+                    await self._proxy.close_session(session.session_id)
+                    raise
             ctx = ScaffoldContext(
                 sandbox=sandbox,
                 task=task,
-                anthropic_base_url=session.anthropic_base_url if session else None,
-                openai_base_url=session.openai_base_url if session else None,
+                anthropic_base_url=urls[0],
+                openai_base_url=urls[1],
                 model=model if session else None,
                 timeout_s=inp.agent_timeout_s,
                 log_dir=Path(tmp),
@@ -148,6 +157,18 @@ class ScaffoldActivities:
             error=error,
             seconds=seconds,
         )
+
+    async def _session_urls(
+        self, session: SessionHandle, sandbox: Sandbox, in_sandbox: bool
+    ) -> tuple[str, str]:
+        """(Anthropic, OpenAI) base URLs for the agent. An agent in the sandbox gets the
+        session served on a listener inside the sandbox's network namespace (its only
+        endpoint; no id or secret in the URL); one on the host gets the proxy's own URLs."""
+        if not in_sandbox:
+            return session.anthropic_base_url, session.openai_base_url
+        assert self._proxy is not None
+        base = await self._proxy.serve_session(session.session_id, await sandbox.listen_loopback())
+        return base, f"{base}/v1"
 
     async def _replicas_down(self, session_id: str) -> bool:
         """True when no replica of the session's pool answers a fresh health probe."""

@@ -48,10 +48,11 @@ import functools
 import hmac
 import logging
 import secrets
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,11 @@ class _Entry:
     session: Session
     secret: str
     shared_pool: ReplicaPool | None  # the shared pool of this session's own replica list
+    listeners: list[web.AppRunner] = field(default_factory=list)  # `serve_session` sites
+
+
+# On a session-bound app (`serve_session`): the (session id, secret) every request is for.
+_BOUND = web.AppKey("bound_session", tuple)
 
 
 ManagementHandler = Callable[[Any, web.Request], Awaitable[web.Response]]
@@ -221,6 +227,8 @@ class ProxyServer:
         entry = self._sessions.pop(session_id, None)
         if entry is None:
             raise NotFound(f"unknown session {session_id}")
+        for runner in entry.listeners:
+            await runner.cleanup()
         try:
             trajectory = await entry.session.close()
         finally:
@@ -233,6 +241,29 @@ class ProxyServer:
         task = asyncio.ensure_future(self.shared_pools.release(pool))
         self._background.add(task)  # a strong reference until it ends
         task.add_done_callback(self._background.discard)
+
+    async def serve_session(self, session_id: str, sock: socket.socket) -> str:
+        """Serve only this session's protocol routes, without the id and secret in the path
+        (``/v1/messages``, ``/v1/chat/completions``, ...), on a listening socket the caller
+        made, typically inside a sandbox's network namespace (``Sandbox.listen_loopback``).
+        Returns the base URL a client there uses (``http://127.0.0.1:PORT``); the OpenAI base
+        is that + ``/v1``. The listener closes with the session. Nothing else is reachable
+        through it: no management route, no other session."""
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            raise NotFound(f"unknown session {session_id}")
+        app = self._protocol_app(prefix="")
+        app[_BOUND] = (session_id, entry.secret)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            await web.SockSite(runner, sock).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        entry.listeners.append(runner)
+        host, port = sock.getsockname()[:2]
+        return f"http://{host}:{port}"
 
     def session_stats(self, session_id: str) -> dict[str, Any]:
         entry = self._sessions.get(session_id)
@@ -258,7 +289,7 @@ class ProxyServer:
 
     # -- app ------------------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = self._protocol_app(prefix="/s/{sid}/{secret}")
         r = app.router
         r.add_post("/sessions", self._create)
         r.add_get("/sessions/{sid}", self._stats)
@@ -266,13 +297,20 @@ class ProxyServer:
         r.add_post("/policy_version", self._policy_version)
         r.add_get("/replicas", self._replicas)
         r.add_post("/replicas", self._change_replicas)
-        base = "/s/{sid}/{secret}/v1"
-        r.add_post(f"{base}/messages", self._anthropic_messages)
-        r.add_post(f"{base}/messages/count_tokens", self._anthropic_count_tokens)
-        r.add_post(f"{base}/chat/completions", self._openai_chat)
-        r.add_post(f"{base}/responses", self._openai_responses)
-        r.add_get(f"{base}/models", self._models)
-        r.add_route("*", "/s/{sid}/{secret}/{tail:.*}", self._unknown_route)
+        return app
+
+    def _protocol_app(self, prefix: str) -> web.Application:
+        """The protocol routes under ``prefix`` (``/s/{sid}/{secret}``, or "" on a
+        session-bound listener)."""
+        app = web.Application(client_max_size=self.max_body_bytes)
+        r = app.router
+        r.add_post(f"{prefix}/v1/messages", self._anthropic_messages)
+        r.add_post(f"{prefix}/v1/messages/count_tokens", self._anthropic_count_tokens)
+        r.add_post(f"{prefix}/v1/chat/completions", self._openai_chat)
+        r.add_post(f"{prefix}/v1/responses", self._openai_responses)
+        r.add_get(f"{prefix}/v1/models", self._models)
+        # Registered before any management route: a catch-all only under a non-empty prefix.
+        r.add_route("*", prefix + "/{tail:.*}", self._unknown_route)
         return app
 
     # -- management handlers --------------------------------------------------------------
@@ -338,8 +376,10 @@ class ProxyServer:
 
     # -- protocol handlers ----------------------------------------------------------------
     def _lookup(self, request: web.Request) -> Session:
-        entry = self._sessions.get(request.match_info["sid"])
-        if entry is None or not hmac.compare_digest(entry.secret, request.match_info["secret"]):
+        bound = request.app.get(_BOUND)
+        sid, secret = bound if bound else (request.match_info["sid"], request.match_info["secret"])
+        entry = self._sessions.get(sid)
+        if entry is None or not hmac.compare_digest(entry.secret, secret):
             raise NotFound("unknown session")
         return entry.session
 

@@ -57,6 +57,7 @@ class SlowChatScaffold(Scaffold):
 
     name = "test-slow-chat"
     needs_model = True
+    runs_in_sandbox = False  # its client runs in the test process, on the host
 
     async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
         started = time.monotonic()

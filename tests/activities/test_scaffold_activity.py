@@ -40,6 +40,7 @@ class OneTurnScaffold(Scaffold):
 
     name = "test-one-turn"
     needs_model = True
+    runs_in_sandbox = False  # its client runs in the test process, on the host
 
     async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
         started = time.monotonic()

@@ -47,6 +47,7 @@ class ChatScaffold(Scaffold):
 
     name = "test-chat"
     needs_model = True
+    runs_in_sandbox = False  # its client runs in the test process, on the host
 
     async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
         SCAFFOLD_CALLS.append(ctx.sandbox.id)

@@ -31,6 +31,7 @@ label selector + creationTimestamp. Nothing here assumes Docker.
 from __future__ import annotations
 
 import abc
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +104,20 @@ class Sandbox(abc.ABC):
     async def download(self, remote_path: str, local_dir: str | Path) -> Path:
         """Copy a remote file or directory's contents into `local_dir`; returns the local
         path of the file, or `local_dir` for a directory."""
+
+    @abc.abstractmethod
+    async def listen_loopback(self) -> socket.socket:
+        """A listening TCP socket on 127.0.0.1 *inside* the sandbox's network namespace,
+        owned and served by the caller (outside the sandbox). Processes in the sandbox can
+        connect to it; nothing else can. The port is the socket's `getsockname()[1]`. This
+        is the sandbox's only way out (module docstring, "Network"). Raises SandboxLost."""
+
+    @abc.abstractmethod
+    async def stop_processes(self) -> int:
+        """Kill every process in the sandbox except its keep-alive, from outside the sandbox
+        (no binary inside it is trusted), and return how many were killed. After it returns,
+        nothing the agent started runs any more, and the file system holds what it left.
+        Raises SandboxLost (also when the processes cannot be stopped)."""
 
     @abc.abstractmethod
     async def stop(self) -> None:

@@ -5,12 +5,14 @@ The backend creates, attaches and reaps containers; one container's operations a
 are `DockerImages` (`trialflow.sandbox.docker_images`: build once per environment hash,
 make missing base images).
 
-Containers: `network_mode="host"`, `init=True` (zombie reaping), kept alive by
-`sleep infinity`; limits from task.toml (`nano_cpus` = cpus clamped to the host's CPUs,
-`mem_limit` = memory_mb with no extra swap), hardened by the backend's `SandboxPolicy`
-(`docker_create_options`: pids limit, no-new-privileges, dropped capabilities, optional
-read-only root and runtime). `storage_mb` is enforced only where overlay2 sits on xfs with
-project quotas (`storage_opt size`); elsewhere (ext4 here) it is logged once as not enforced.
+Containers: `network_mode="none"` (`SandboxPolicy.isolate_network`), `init=True` (zombie
+reaping), kept alive by `sleep infinity`; limits from task.toml (`nano_cpus` = cpus
+clamped to the host's CPUs, `mem_limit` = memory_mb with no extra swap), hardened by the
+backend's `SandboxPolicy` (`docker_create_options`: pids limit, no-new-privileges, dropped
+capabilities, optional read-only root and runtime). `storage_mb` is enforced only where
+overlay2 sits on xfs with project quotas (`storage_opt size`); elsewhere (ext4 here) it
+is logged once as not enforced. The sandbox's one way out is a listener the worker opens
+inside its network namespace (`DockerSandbox.listen_loopback`, `trialflow.sandbox.netns`).
 Labels on every container:
 `trialflow.managed=true`, `trialflow.trial_id`, `trialflow.created_at` (unix seconds),
 `trialflow.task`, `trialflow.env_hash`, plus the caller's. Container names are
@@ -176,7 +178,6 @@ class DockerBackend(SandboxBackend):
             "name": name,
             "entrypoint": ["sleep"],
             "command": ["infinity"],
-            "network_mode": "host",
             "init": True,
             "detach": True,
             "labels": self.container_labels(task, trial_id, labels),
@@ -225,7 +226,12 @@ def docker_create_options(
     writable dirs are anonymous volumes (the image's content at that path is copied in, and
     the engine's archive API, used by upload/download, can write them; it cannot write a
     tmpfs); they are removed with the container (`remove_container(v=True)`)."""
-    opts: dict[str, object] = {"cap_drop": list(policy.cap_drop), "mounts": []}
+    opts: dict[str, object] = {
+        # "none": a namespace with only `lo`; no bridge, no address, no route.
+        "network_mode": "none" if policy.isolate_network else "host",
+        "cap_drop": list(policy.cap_drop),
+        "mounts": [],
+    }
     if policy.pids_limit is not None:
         opts["pids_limit"] = policy.pids_limit
     if policy.no_new_privileges:

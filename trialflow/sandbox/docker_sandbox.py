@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import socket
 import tarfile
 import tempfile
 import time
@@ -25,7 +26,9 @@ import docker.errors
 import requests.exceptions
 
 from trialflow.errors import SandboxLost, SandboxPathNotFound, SandboxStartFailed
+from trialflow.sandbox import processes
 from trialflow.sandbox.base import ExecResult, Sandbox
+from trialflow.sandbox.netns import listen_in_netns
 
 if TYPE_CHECKING:
     from trialflow.sandbox.docker import DockerBackend
@@ -220,6 +223,48 @@ class DockerSandbox(Sandbox):
             return dest if is_dir else dest / stat["name"]
 
         return await self._call(fetch)
+
+    async def _init_pid(self) -> int:
+        """Host pid of the container's init; SandboxLost when it is not running."""
+        state = await self._call(lambda: self._backend.client.api.inspect_container(self._cid)["State"])
+        pid = state.get("Pid") or 0
+        if not state.get("Running") or pid <= 0:
+            raise SandboxLost(f"sandbox {self._name} is not running")
+        return pid
+
+    async def listen_loopback(self) -> socket.socket:
+        pid = await self._init_pid()
+        try:
+            return await self._backend._run(lambda: listen_in_netns(pid))
+        except OSError as e:
+            raise SandboxLost(f"could not listen inside sandbox {self._name}: {e}") from e
+
+    async def stop_processes(self) -> int:
+        """See `trialflow.sandbox.processes`: freeze, SIGKILL all but the keep-alive by host
+        pid, thaw, sweep again until the cgroup holds only the keep-alive."""
+        pid = await self._init_pid()
+        api = self._backend.client.api
+        try:
+            procs = await self._backend._run(lambda: processes.cgroup_procs_file(pid))
+            keep = await self._backend._run(lambda: processes.keep_alive_pids(pid))
+        except OSError as e:
+            raise SandboxLost(f"cannot see the processes of sandbox {self._name}: {e}") from e
+
+        def sweep() -> int:
+            return processes.kill_pids(processes.cgroup_pids(procs) - keep)
+
+        await self._call(lambda: api.pause(self._cid))
+        try:
+            killed = await self._backend._run(sweep)
+        finally:
+            await self._call(lambda: api.unpause(self._cid))
+        for _ in range(100):
+            left = await self._backend._run(lambda: processes.cgroup_pids(procs) - keep)
+            if not left:
+                return killed
+            killed += await self._backend._run(lambda victims=left: processes.kill_pids(victims))
+            await asyncio.sleep(0.02)
+        raise SandboxLost(f"sandbox {self._name}: processes survived SIGKILL: {sorted(left)[:10]}")
 
     async def stop(self) -> None:
         if self._stopped:

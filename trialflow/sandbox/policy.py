@@ -5,6 +5,11 @@ maps it onto its engine (Docker: `docker_create_options`; a Kubernetes backend w
 the same fields onto the pod's securityContext, `pids` limit and runtimeClassName).
 
 Defaults and why:
+- `isolate_network=True`: the sandbox has a network namespace of its own with only a
+  loopback interface and no route out; its one endpoint is what the worker serves into it
+  (`Sandbox.listen_loopback`: its proxy session, and an egress proxy in the allowlist and
+  public modes). False (host networking: it reaches every service on the host's loopback)
+  exists only to measure what isolation costs (bench/isolation.py).
 - `pids_limit=1024`: a fork bomb stops at the limit inside its own sandbox instead of
   taking down the host, the engine, the worker and the proxy. None: unlimited.
 - `no_new_privileges=True`: setuid binaries and file capabilities cannot raise privileges.
@@ -35,6 +40,7 @@ DEFAULT_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/run", "/root", "/logs", "/tests",
 class SandboxPolicy:
     """Hardening applied to every sandbox of a backend (module docstring for defaults)."""
 
+    isolate_network: bool = True
     pids_limit: int | None = 1024
     no_new_privileges: bool = True
     cap_drop: tuple[str, ...] = DEFAULT_CAP_DROP

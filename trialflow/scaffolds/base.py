@@ -94,6 +94,10 @@ class Scaffold(abc.ABC):
     # Which of the scaffold's calls define the proxy session's main thread (proxy.tokenization
     # rule 1): "first", or "first_with_tools" for CLIs that open with tool-less side calls.
     main_thread: str = "first"
+    # Where the agent's model client runs. True (CLIs run in the sandbox): the session's base
+    # URLs are a forwarder inside the sandbox (http://127.0.0.1:PORT), its only way out.
+    # False (an agent loop on the worker host, e.g. terminus): the proxy's own URLs.
+    runs_in_sandbox: bool = True
 
     def mounts(self) -> Sequence[Mount]:
         """Host paths to bind into the sandbox at creation (e.g. a host-installed CLI)."""

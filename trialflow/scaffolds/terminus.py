@@ -117,6 +117,7 @@ class TerminusScaffold(Scaffold):
     model call; None: bounded only by the agent timeout)."""
 
     name = "terminus"
+    runs_in_sandbox = False  # the loop runs on the host; only its shell is in the sandbox
     needs_model = True
 
     def __init__(

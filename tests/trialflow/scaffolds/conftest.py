@@ -20,6 +20,14 @@ from trialflow.errors import ScaffoldSetupFailed
 CONTEXT = 400_000
 
 
+async def forwarded_urls(proxy, handle, sandbox) -> tuple[str, str]:
+    """(Anthropic, OpenAI) base URLs of `handle`'s session as a CLI in `sandbox` reaches it:
+    served inside the sandbox's network namespace (its only endpoint), as the scaffold
+    activity does it."""
+    base = await proxy.serve_session(handle.session_id, await sandbox.listen_loopback())
+    return base, f"{base}/v1"
+
+
 def hermes_call(name: str, arguments: dict) -> str:
     """A tool call as the tiny model's (hermes) format writes it."""
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"

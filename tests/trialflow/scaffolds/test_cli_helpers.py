@@ -172,6 +172,12 @@ class _UntouchedSandbox(Sandbox):
     async def exec(self, cmd, **kw):
         raise AssertionError("sandbox used")
 
+    async def listen_loopback(self):
+        raise AssertionError("sandbox used")
+
+    async def stop_processes(self):
+        raise AssertionError("sandbox used")
+
     async def upload(self, local_path, remote_dir):
         raise AssertionError("sandbox used")
 

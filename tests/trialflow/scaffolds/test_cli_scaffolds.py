@@ -10,7 +10,7 @@ import pytest
 
 from tests.doubles.scripted_vllm import Reply
 from tests.trialflow.conftest import EXAMPLES
-from tests.trialflow.scaffolds.conftest import hermes_call, require_cli
+from tests.trialflow.scaffolds.conftest import forwarded_urls, hermes_call, require_cli
 from trialflow.errors import ScaffoldSetupFailed
 from trialflow.scaffolds import ScaffoldContext, get_scaffold
 from trialflow.scaffolds.claude_code import summarize_stream
@@ -28,12 +28,13 @@ async def _context(sandbox_for, proxy, scaffold, *, timeout_s=180.0, mounts=True
     task = load_task(EXAMPLES / "create-file")
     sandbox = await sandbox_for(task, mounts=scaffold.mounts() if mounts else ())
     handle = proxy.open_session()
+    anthropic_url, openai_url = await forwarded_urls(proxy, handle, sandbox)
     beats: list[dict] = []
     ctx = ScaffoldContext(
         sandbox=sandbox,
         task=task,
-        anthropic_base_url=handle.anthropic_base_url,
-        openai_base_url=handle.openai_base_url,
+        anthropic_base_url=anthropic_url,
+        openai_base_url=openai_url,
         model="tiny",
         timeout_s=timeout_s,
         heartbeat=beats.append,
@@ -207,8 +208,9 @@ async def test_claude_code_runs_as_the_tasks_agent_user(sandbox_for, scripted_pr
     )
     sandbox = await sandbox_for(task, mounts=scaffold.mounts())
     handle = proxy.open_session()
+    anthropic_url, _ = await forwarded_urls(proxy, handle, sandbox)
     ctx = ScaffoldContext(
-        sandbox=sandbox, task=task, anthropic_base_url=handle.anthropic_base_url, model="tiny", timeout_s=180
+        sandbox=sandbox, task=task, anthropic_base_url=anthropic_url, model="tiny", timeout_s=180
     )
 
     result = await scaffold.run(ctx)

@@ -13,7 +13,7 @@ from proxy.chat import SamplingParams
 from proxy.server import ProxyServer
 from proxy.session import SessionConfig
 from tests.trialflow.conftest import EXAMPLES
-from tests.trialflow.scaffolds.conftest import require_cli
+from tests.trialflow.scaffolds.conftest import forwarded_urls, require_cli
 from trialflow.scaffolds import ScaffoldContext, get_scaffold
 from trialflow.scaffolds.claude_code import summarize_stream
 from trialflow.scaffolds.terminus import EXIT_COMPLETE, EXIT_MAX_TURNS, EXIT_PARSE_FAILURES
@@ -40,11 +40,12 @@ async def _ctx(sandbox_for, proxy, scaffold, model, timeout_s=240.0):
     task = load_task(EXAMPLES / "create-file")
     sandbox = await sandbox_for(task, mounts=scaffold.mounts())
     handle = proxy.open_session()
+    anthropic_url, openai_url = await forwarded_urls(proxy, handle, sandbox)
     ctx = ScaffoldContext(
         sandbox=sandbox,
         task=task,
-        anthropic_base_url=handle.anthropic_base_url,
-        openai_base_url=handle.openai_base_url,
+        anthropic_base_url=anthropic_url,
+        openai_base_url=openai_url,
         model=model,
         timeout_s=timeout_s,
     )
