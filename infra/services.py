@@ -33,18 +33,15 @@ from infra.process import (
     free_port,
     port_open,
 )
+from workflows.shared import SEARCH_ATTRIBUTE_TYPES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 
-#: Custom search attributes the trial workflows set; name -> Temporal type name.
+#: Custom search attributes the trial workflows set; name -> the Temporal CLI's type name
+#: (``Keyword``): `workflows.shared.SEARCH_ATTRIBUTE_TYPES`, spelled for ``--search-attribute``.
 TRIAL_SEARCH_ATTRIBUTES: Mapping[str, str] = {
-    "TrialBatchId": "Keyword",
-    "TrialTask": "Keyword",
-    "TrialScaffold": "Keyword",
-    "TrialReward": "Double",
-    "TrialTermination": "Keyword",
-    "TrialStep": "Int",
+    name: kind.capitalize() for name, kind in SEARCH_ATTRIBUTE_TYPES.items()
 }
 
 T = TypeVar("T")
@@ -116,32 +113,15 @@ def temporal_answers(address: str) -> bool:
         return False
 
 
-def ensure_search_attributes(
-    address: str, attributes: Mapping[str, str] = TRIAL_SEARCH_ATTRIBUTES, namespace: str = "default"
-) -> None:
-    """Register any of `attributes` missing on the server (used for reused servers,
-    which were not started with our `--search-attribute` flags)."""
-    from temporalio.api.enums.v1 import IndexedValueType
-    from temporalio.api.operatorservice.v1 import (
-        AddSearchAttributesRequest,
-        ListSearchAttributesRequest,
-    )
+def ensure_search_attributes(address: str, namespace: str = "default") -> None:
+    """Register the trial search attributes missing on the server at `address` (for reused
+    servers, which were not started with our `--search-attribute` flags); blocking."""
     from temporalio.client import Client
 
+    from trialflow.batch import ensure_search_attributes as ensure
+
     async def _ensure() -> None:
-        client = await Client.connect(address, namespace=namespace)
-        listed = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=namespace)
-        )
-        missing = {
-            name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
-            for name, kind in attributes.items()
-            if name not in listed.custom_attributes
-        }
-        if missing:
-            await client.operator_service.add_search_attributes(
-                AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
-            )
+        await ensure(await Client.connect(address, namespace=namespace), namespace)
 
     _run_async(_ensure(), timeout_s=30)
 

