@@ -1,10 +1,19 @@
 """Verifier: runs a task's tests/test.sh in the sandbox and reads the reward it writes.
 
-Steps (Harbor semantics): upload tests/ to `/tests`, `mkdir -p /logs/verifier` (old reward
-files removed first, so a stale reward can never be read), run `bash /tests/test.sh` with
+Steps (Harbor semantics, plus what keeps the policy from touching its reward): stop every
+process in the sandbox but its keep-alive (`Sandbox.stop_processes`, from outside the
+sandbox: no daemon the agent left behind runs during verification), recreate an empty
+`/logs/verifier` (checked empty through the backend's file API, so a replaced `rm` cannot
+leave a planted reward), upload tests/ to `/tests`, run `bash /tests/test.sh` with
 `[verifier].env` as `[verifier].user` under `[verifier].timeout_sec`, then read
 `/logs/verifier/reward.json` (a JSON object of name -> number) or, when absent,
-`/logs/verifier/reward.txt` (one number, stored as `{"reward": x}`).
+`/logs/verifier/reward.txt` (one number, stored as `{"reward": x}`), both copied out through
+the backend's file API (`Sandbox.download`), never read with a binary from the sandbox
+(a replaced `cat` could print any reward); a symlinked reward file is refused.
+What this does not cover: an agent that replaced the tools test.sh itself runs (python,
+bash) can still fool a verifier that runs in the agent's sandbox; Harbor's
+`[verifier] environment_mode = "separate"` (a fresh container from the image) is the
+answer to that (docs/design.md, "Reward integrity").
 
 Outcomes are data (`VerifierResult`), never exceptions:
 - exit code of test.sh is recorded but does not decide validity (tests commonly write
@@ -22,11 +31,12 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trialflow.errors import RewardMissing, VerifierError, VerifierTimeout
-from trialflow.sandbox.base import Sandbox
+from trialflow.sandbox.base import ExecResult, Sandbox
 from trialflow.tasks import Task
 
 TESTS_DIR = "/tests"
@@ -107,11 +117,35 @@ def parse_rewards(json_text: str | None, txt_text: str | None) -> dict[str, floa
     raise ValueError(f"test.sh wrote neither {REWARD_JSON} nor {REWARD_TXT}")
 
 
-async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
-    """Content of `path`, or None when it is not a regular file. Read as root: the verifier
-    user may have written it with a restrictive umask."""
-    res = await sandbox.exec(["sh", "-c", 'test -f "$1" && cat "$1"', "sh", path], user="0", timeout_s=60)
-    return res.stdout if res.exit_code == 0 else None
+def _read_local(path: Path) -> str | None:
+    """Content of a downloaded reward file; None unless it is a regular file (a symlink is
+    refused: it could point anywhere on the host copy's side)."""
+    if path.is_symlink() or not path.is_file():
+        return None
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+async def _fetch_verifier_dir(sandbox: Sandbox, dest: Path) -> bool:
+    """Copy /logs/verifier out through the backend's file API (not a binary in the sandbox);
+    False when it does not exist."""
+    try:
+        await sandbox.download(VERIFIER_LOG_DIR, dest)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _invalid(reason: str, res: ExecResult | None = None) -> VerifierResult:
+    return VerifierResult(
+        {},
+        False,
+        reason,
+        res.exit_code if res else -1,
+        False,
+        res.stdout if res else "",
+        res.stderr if res else "",
+        res.duration_s if res else 0.0,
+    )
 
 
 async def run_verifier(
@@ -122,45 +156,41 @@ async def run_verifier(
     (best effort: the verifier may have written nothing)."""
     cfg = task.config.verifier
     timeout = timeout_s if timeout_s is not None else cfg.timeout_sec
+    # Nothing the agent started may run while the verifier works (a daemon rewriting the
+    # reward, a process racing the tests): killed from outside, by the backend.
+    await sandbox.stop_processes()
     prep = await sandbox.exec(
-        f"rm -rf {TESTS_DIR} && rm -f {REWARD_JSON} {REWARD_TXT} && mkdir -p {VERIFIER_LOG_DIR} "
+        f"rm -rf {TESTS_DIR} {VERIFIER_LOG_DIR} && mkdir -p {VERIFIER_LOG_DIR} "
         f"&& chmod 777 {VERIFIER_LOG_DIR}",
         user="0",
         timeout_s=60,
     )
     if not prep.ok:
-        return VerifierResult(
-            {},
-            False,
-            f"could not prepare {VERIFIER_LOG_DIR}: {prep.stderr.strip()}",
-            prep.exit_code,
-            False,
-            prep.stdout,
-            prep.stderr,
-            prep.duration_s,
+        return _invalid(f"could not prepare {VERIFIER_LOG_DIR}: {prep.stderr.strip()}", prep)
+    with tempfile.TemporaryDirectory(prefix="tf-verifier-") as scratch:
+        # Checked from outside: an `rm` the agent replaced cannot leave a planted reward.
+        before = Path(scratch) / "before"
+        if not await _fetch_verifier_dir(sandbox, before) or any(before.iterdir()):
+            return _invalid(f"{VERIFIER_LOG_DIR} could not be cleared before the verifier ran", prep)
+        await sandbox.upload(task.tests_dir, TESTS_DIR)
+        run = await sandbox.exec(
+            f"bash {TESTS_DIR}/test.sh", timeout_s=timeout, env=cfg.env or None, user=cfg.user
         )
-    await sandbox.upload(task.tests_dir, TESTS_DIR)
-    run = await sandbox.exec(
-        f"bash {TESTS_DIR}/test.sh", timeout_s=timeout, env=cfg.env or None, user=cfg.user
-    )
-    files: dict[str, str] = {}
-    rewards: dict[str, float] = {}
-    reason: str | None = None
-    if run.timed_out:
-        reason = f"verifier timed out after {timeout:g}s"
-    else:
-        json_text = await _read_optional(sandbox, REWARD_JSON)
-        txt_text = await _read_optional(sandbox, REWARD_TXT)
-        files = {k: v for k, v in (("reward.json", json_text), ("reward.txt", txt_text)) if v is not None}
-        try:
-            rewards = parse_rewards(json_text, txt_text)
-        except ValueError as e:
-            reason = f"{e} (test.sh exit code {run.exit_code})"
-    if log_dir is not None:
-        try:
-            await sandbox.download(VERIFIER_LOG_DIR, log_dir)
-        except FileNotFoundError:
-            pass
+        after = log_dir if log_dir is not None else Path(scratch) / "after"
+        fetched = await _fetch_verifier_dir(sandbox, after)
+        files: dict[str, str] = {}
+        rewards: dict[str, float] = {}
+        reason: str | None = None
+        if run.timed_out:
+            reason = f"verifier timed out after {timeout:g}s"
+        else:
+            json_text = _read_local(after / "reward.json") if fetched else None
+            txt_text = _read_local(after / "reward.txt") if fetched else None
+            files = {k: v for k, v in (("reward.json", json_text), ("reward.txt", txt_text)) if v is not None}
+            try:
+                rewards = parse_rewards(json_text, txt_text)
+            except ValueError as e:
+                reason = f"{e} (test.sh exit code {run.exit_code})"
     return VerifierResult(
         rewards,
         reason is None,
