@@ -51,7 +51,7 @@ import secrets
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -61,8 +61,10 @@ from aiohttp import web
 from proxy import anthropic_api, jsonio, openai_api, responses_api
 from proxy.chat import ChatRequest, TurnOutcome
 from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError
+from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS
 from proxy.pool import ReplicaPool, SharedPools, replica_url
 from proxy.prefix_cache import PrefixCache
+from proxy.profiles import ModelProfile, UnsupportedTemplate, detect_profile, load_generation_eos
 from proxy.session import Session, SessionConfig
 from proxy.trajectory import Trajectory
 
@@ -110,6 +112,19 @@ def _management(handler: ManagementHandler) -> ManagementHandler:
     return answer
 
 
+def _check_parsers(profile: ModelProfile, defaults: SessionConfig) -> None:
+    """A default of ``"auto"`` must resolve to a registered parser (else: start-up error)."""
+    for name, default, registry in (
+        (profile.reasoning_parser, defaults.reasoning_parser, REASONING_PARSERS),
+        (profile.tool_parser, defaults.tool_parser, TOOL_PARSERS),
+    ):
+        if default == "auto" and name is not None and name not in registry:
+            raise UnsupportedTemplate(
+                f"model family {profile.family!r} needs {registry.kind} {name!r}, which is not registered "
+                f"(available: {', '.join(registry.names())}); set it in the session defaults or the profile"
+            )
+
+
 class ProxyServer:
     """One proxy per worker process. ``start()``/``stop()`` for in-process use, ``serve()``
     to run standalone until cancelled.
@@ -119,6 +134,11 @@ class ProxyServer:
     ``public_host`` is the host put into session URLs (default: ``host``; set it when the
     scaffold reaches the proxy through another address, e.g. from a container).
     ``tokenizer`` (an already loaded HF tokenizer) may be given instead of ``model_dir``.
+    The model profile (proxy.profiles) is detected here from the template and the directory's
+    ``generation_config.json`` (``tokenizer.name_or_path`` when no ``model_dir``), with
+    ``profile`` (field overrides) on top; a template the proxy cannot serve, or a profile naming
+    a parser that is not registered while the defaults say ``"auto"``, raises
+    ``UnsupportedTemplate`` here, before any session opens.
     Sessions that name their own replicas share one pool per replica set, built by
     ``pool_factory`` (``proxy.pool.SharedPools``).
     """
@@ -137,6 +157,7 @@ class ProxyServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         keepalive_s: float = 5.0,
         pool_factory: Callable[[Sequence[str]], ReplicaPool] = ReplicaPool,
+        profile: Mapping[str, Any] | None = None,
     ) -> None:
         if tokenizer is None:
             if model_dir is None:
@@ -145,13 +166,19 @@ class ProxyServer:
 
             tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.tokenizer = tokenizer
+        self.defaults = defaults or SessionConfig()
+        source_dir = model_dir if model_dir is not None else getattr(tokenizer, "name_or_path", None)
+        self.profile = detect_profile(
+            tokenizer, generation_eos=load_generation_eos(source_dir or None), overrides=profile
+        )
+        _check_parsers(self.profile, self.defaults)
+        log.info("model profile: %s", self.profile)
         # one per proxy: every session renders with the same tokenizer and template
-        self.prefix_cache = PrefixCache(tokenizer.eos_token)
+        self.prefix_cache = PrefixCache(self.profile.header_boundary or tokenizer.eos_token)
         self.host, self.port = host, port
         self.public_host = public_host or host
         self.pool = pool if pool is not None else ReplicaPool(replicas)
         self.shared_pools = SharedPools(pool_factory)
-        self.defaults = defaults or SessionConfig()
         self.max_body_bytes = max_body_bytes
         self.keepalive_s = keepalive_s
         self._sessions: dict[str, _Entry] = {}
@@ -212,7 +239,13 @@ class ProxyServer:
             raise InvalidRequest(f"replicas: {exc}", param="replicas") from None
         pool = shared or self.pool
         try:
-            session = Session(sid, config, self.tokenizer, pool, prefix_cache=self.prefix_cache)
+            session = Session(
+                sid, config, self.tokenizer, pool, prefix_cache=self.prefix_cache, profile=self.profile
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            if shared is not None:
+                self._release_later(shared)
+            raise InvalidRequest(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
         except BaseException:
             if shared is not None:
                 self._release_later(shared)

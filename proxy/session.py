@@ -50,6 +50,7 @@ from proxy.errors import ContextExhausted, InvalidRequest, NotFound, ReplayDiver
 from proxy.parsers import parse_output
 from proxy.pool import ReplicaPool
 from proxy.prefix_cache import PrefixCache
+from proxy.profiles import ModelProfile
 from proxy.replay import RecordedTurn, Replayer, ReplayRecord, answer_of
 from proxy.tokenization import ConversationTracker, MainThreadRule, PreparedTurn, TurnInfo
 from proxy.trajectory import Mark, Trajectory
@@ -65,7 +66,9 @@ class SessionConfig:
     """Per-session settings. ``model`` is the served model name sent to vLLM.
 
     ``replicas`` non-empty gives the session its own pool (else the server's pool serves
-    it). ``reasoning_parser``/``tool_parser`` None disable that parsing stage.
+    it). ``reasoning_parser``/``tool_parser`` None disable that parsing stage; ``"auto"`` (the
+    default) takes the model profile's (proxy.profiles). ``profile`` overrides fields of the
+    proxy's detected model profile for this session (e.g. ``{"stop_tokens": [...]}``).
     ``max_context_tokens`` None means the replicas' ``max_model_len``; a larger value than
     theirs is lowered to it (a prompt the backend cannot take must fail as
     ``ContextExhausted``, not as a backend 400).
@@ -76,9 +79,10 @@ class SessionConfig:
     sampling: SamplingParams = SamplingParams()
     max_context_tokens: int | None = None
     replicas: tuple[str, ...] = ()
-    reasoning_parser: str | None = "think"
-    tool_parser: str | None = "hermes"
+    reasoning_parser: str | None = "auto"
+    tool_parser: str | None = "auto"
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    profile: Mapping[str, Any] = field(default_factory=dict)
     checkpoint: CheckpointSink | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     # Which call defines the main thread (see proxy.tokenization rule 1).
@@ -146,6 +150,10 @@ class SessionConfig:
         for k in ("reasoning_parser", "tool_parser"):
             if k in body:
                 out = replace(out, **{k: None if body[k] is None else _typed(body[k], str, k)})
+        if "profile" in body:
+            overrides = _typed(body["profile"], dict, "profile")
+            ModelProfile().with_overrides(overrides)  # field names and types, checked now (400)
+            out = replace(out, profile=overrides)
         if "main_thread" in body:
             rule = _typed(body["main_thread"], str, "main_thread")
             if rule not in ("first", "first_with_tools"):
@@ -177,7 +185,10 @@ class Session:
         pool: ReplicaPool,
         *,
         prefix_cache: PrefixCache | None = None,
+        profile: ModelProfile | None = None,
     ) -> None:
+        """``profile`` is the proxy's detected model profile (None: detected from ``tokenizer``);
+        ``config.profile`` is applied on top. Unknown parser names raise ``KeyError``."""
         self.id = session_id
         self.config = config
         self.pool = pool
@@ -199,7 +210,15 @@ class Session:
             template_kwargs=config.template_kwargs,
             main_thread=config.main_thread,
             prefix_cache=prefix_cache,
+            profile=profile.with_overrides(config.profile) if profile is not None else None,
         )
+        if profile is None and config.profile:
+            self.tracker.profile = self.tracker.profile.with_overrides(config.profile)
+        self.profile = self.tracker.profile
+        self.reasoning_parser = (
+            self.profile.reasoning_parser if config.reasoning_parser == "auto" else config.reasoning_parser
+        )
+        self.tool_parser = self.profile.tool_parser if config.tool_parser == "auto" else config.tool_parser
         self.tracker.trajectory.metadata.update(config.metadata)
         self.overlong = False
         self.closed = False
@@ -220,7 +239,7 @@ class Session:
         if self.replayer is not None:
             self._note_replay_status()
         # Resolve parser names now, so a typo fails at session creation, not mid-trial.
-        parse_output("", reasoning=config.reasoning_parser, tools=config.tool_parser)
+        parse_output("", reasoning=self.reasoning_parser, tools=self.tool_parser)
 
     @property
     def trajectory(self) -> Trajectory:
@@ -300,7 +319,7 @@ class Session:
             ),
         )
         text = self._decode(gen.token_ids)
-        ended_on_eos = bool(gen.token_ids) and gen.token_ids[-1] == self.tracker.eos_id
+        ended_on_eos = bool(gen.token_ids) and gen.token_ids[-1] in self.tracker.stop_ids
         stop_sequence = None
         if gen.finish_reason == "stop" and not ended_on_eos:
             stop_sequence = _matched_stop(text, sampling.stop)
@@ -311,8 +330,8 @@ class Session:
         new_tool_call_id = new_tool_call_id or ids.tool_call_ids(request.protocol, self.id_seed, id_turn)
         parsed = parse_output(
             text,
-            reasoning=self.config.reasoning_parser,
-            tools=self.config.tool_parser,
+            reasoning=self.reasoning_parser,
+            tools=self.tool_parser,
             tool_call_id_factory=new_tool_call_id,
             tool_specs=request.tools,
         )

@@ -3,21 +3,23 @@
 Public API:
 
     ConversationTracker(tokenizer, *, session_id="", trajectory=None, template_kwargs=None,
-                        main_thread="first", prefix_cache=None)
+                        main_thread="first", prefix_cache=None, profile=None)
         .trajectory: Trajectory                       the token record (see proxy.trajectory)
         .prepare(request: ChatRequest) -> PreparedTurn    no mutation
         .commit(prepared, generation, parsed, info=TurnInfo()) -> TurnRecord
         .count_tokens(request) -> int                 prompt length prepare() would send
     PreparedTurn   segment_index, kind, system_key, prompt_ids, env_ids, base_len, new_segment, .extends
+    TemplateRejected (proxy.errors.InvalidRequest): the chat template raised on a request
     TurnInfo       started_at, latency_s, policy_version, context_limited (session-side facts)
     system_key(messages) -> str
     StalePreparedTurn, InvariantViolation (both proxy.trajectory.TrajectoryError)
 
-``tokenizer`` is a HF tokenizer with a prefix-stable chat template (trialflow.tinymodel's, or any
-template where render(messages[:k]) is a prefix of render(messages)) and ``eos_token`` = the
-end-of-turn text (``<|im_end|>``). ``template_kwargs`` go to every render (e.g.
-``{"enable_thinking": False}``); a request's ``thinking`` (when not None) overrides
-``enable_thinking``.
+``tokenizer`` is a HF tokenizer with a chat template; ``profile`` (proxy.profiles, detected
+from the tokenizer when not given) says what the template reads (reasoning field, thinking
+switch, arguments as string or object) and which tokens end a turn. ``template_kwargs`` go
+to every render (e.g. ``{"enable_thinking": False}``); a request's ``thinking`` (when not
+None) sets the profile's thinking switch. The template need not be prefix-stable: the
+model's own tokens are never re-rendered (rule 3).
 
 Rules (all decided in ``prepare``; ``commit`` only records):
 
@@ -25,8 +27,9 @@ Rules (all decided in ``prepare``; ``commit`` only records):
    the first non-system message. The main thread's key is defined by the first committed
    request (``main_thread="first"``, the default) or by the first committed request that
    carries tools (``main_thread="first_with_tools"``: for scaffolds such as OpenCode whose
-   first call is a tool-less title generation); tool-less requests before that are side calls. Requests with that key go to main segments; any other key
-   goes to side segments with the same key (sub-agents, title generators, ...).
+   first call is a tool-less title generation); tool-less requests before that are side calls.
+   Requests with that key go to main segments; any other key goes to side segments with the
+   same key (sub-agents, title generators, ...).
 2. Extension. Candidate segments (same key and kind, newest first) are tried in turn. A
    segment is extended when the request's messages start with the segment's recorded
    conversation (the messages of its last request plus the assistant message the proxy
@@ -35,25 +38,40 @@ Rules (all decided in ``prepare``; ``commit`` only records):
    parsed JSON (clients re-serialize them); tool-call ids and ``tool_call_id`` ignored;
    an echoed assistant message without ``reasoning_content`` matches (OpenAI clients drop it),
    one with different reasoning does not.
-3. Extension tokens. S_prev = render(request.messages[:m]) where m = length of the recorded
-   conversation, S_full = render(request.messages, add_generation_prompt=True). Both come
-   from the request itself, so a dropped reasoning block or re-serialized arguments cannot
-   break the comparison. Require S_full.startswith(S_prev); cut S_prev right after its last
-   EOS text (the end of the last assistant turn) and tokenize S_full[cut:] with
-   add_special_tokens=False: these are the environment tokens (mask 0). The prompt is the
-   segment's full sequence (prompt + every response token so far) + the environment tokens.
-   The template text of earlier turns is never re-tokenized: the model's own tokens stay.
-   For speed, a message-local template renders only the leading system messages plus the
-   messages from the last assistant on, without the tool list; locality is probed against the
-   full render once per tail shape (roles, tool calls, reasoning, thinking; ``_delta_text``).
-   Known limit: a template whose locality breaks only for texts other than the probed turn's,
-   within one shape, would be rendered by the shortcut.
-   If the segment's last token is not EOS (finished by length, stop string or abort), the
-   environment tokens start with the EOS id so the sequence is well-formed.
+3. Extension tokens, anchored structurally. The prompt is the segment's full sequence (prompt +
+   every response token so far: the model's own tokens, never re-rendered) + environment
+   tokens (mask 0) for the messages after the last recorded assistant message A. To find
+   where A's rendering ends, the request is rendered with every recorded message replaced by
+   a *sentinel copy* (same role and structure: content, reasoning and each tool call's
+   arguments become unique marker texts; tool names stay) and the new messages as they are.
+   A ends at the first turn closer (``profile.closers``: the stop tokens plus the template's
+   own closer) after A's last marker; the environment text is everything after it, encoded
+   with ``add_special_tokens=False``. Nothing is searched in the history's real text, so a
+   message quoting ``<|im_end|>`` or ``<|return|>`` cannot move the cut.
+   Closing token: when the segment ends with that closer's id nothing is added. When it ends
+   with another stop token, nothing is added either (the model ended its turn), unless the
+   closer is the first token of the next message (``profile.stop_opens_next``, GLM), which
+   is then rendered in full; when it ends with no stop token (length, stop string, abort) the
+   closer's id comes first, so the sequence is well-formed.
+   Guard: environment text that contains any recorded message's marker (the template
+   re-renders something the model already saw after A) does not extend.
+   Probed once per tail shape (roles, tool-call counts and reasoning from A on, thinking,
+   tools given): (a) the sentinel render of the whole request gives the same environment as
+   the real render ends with (it does not depend on recorded texts), and every new message's
+   markers appear in it exactly once (DeepSeek hoists a system message to the top: a new
+   mid-conversation system message fails this); (b) whether the *tail* (leading system
+   messages, the last user message before A, A and the new messages; no tool list) gives the
+   same environment, in which case later turns of that shape render only the tail (a turn's
+   CPU then does not grow with the session). A shape failing (a) never extends.
+   Known limit: a template whose structure depends on a recorded message's text (not only
+   its role and fields) within one shape is judged by the probed turn.
 4. New segment. When no candidate extends (history rewritten/compacted/edited, tools
-   changed, or the prefix check fails), the turn opens a new segment whose prompt is the full
+   changed, or rule 3 cannot anchor), the turn opens a new segment whose prompt is the full
    render. It is ``rewritten`` when it is a main segment and a main segment already exists.
-   No logprobs are ever invented for a prompt.
+   ``cause`` says why: ``"client"`` (the conversation changed) or ``"template"`` (the
+   conversation still matched a segment but the template forced the new render); counted in
+   ``counters.rewrites_client`` / ``rewrites_template``. No logprobs are ever invented.
+   A template that raises while rendering a request is ``TemplateRejected`` (a 400).
 5. Invariant: an extension prompt begins with the segment's previous full sequence (by
    construction: the sequence is copied, never re-rendered), and a generation reporting
    ``prompt_token_ids`` reports exactly the prompt that was prepared (checked in ``commit``,
@@ -72,6 +90,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,6 +100,7 @@ from proxy import jsonio
 from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolSpec, assistant_message
 from proxy.errors import InvalidRequest
 from proxy.prefix_cache import PrefixCache
+from proxy.profiles import ModelProfile, detect_profile
 from proxy.trajectory import (
     SegmentHeader,
     SegmentKind,
@@ -92,7 +112,6 @@ from proxy.trajectory import (
     same_ids,
 )
 
-
 MainThreadRule = Literal["first", "first_with_tools"]
 
 
@@ -102,6 +121,18 @@ class StalePreparedTurn(TrajectoryError):
 
 class InvariantViolation(TrajectoryError):
     """A token-exactness invariant does not hold (a bug, never a client error)."""
+
+
+class TemplateRejected(InvalidRequest):
+    """The model's chat template raised while rendering the request (answered 400)."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(f"the model's chat template cannot render this request: {exc}", param="messages")
+
+
+# A verdict per tail shape (rule 3): render only the tail, render the whole request, or the
+# shape cannot be extended at all.
+_Verdict = Literal["tail", "full", "none"]
 
 
 @dataclass(frozen=True)
@@ -216,7 +247,7 @@ def _tail_shape(messages: list[Message], m: int, thinking: bool | None) -> tuple
     tail = messages[m - 1 :]
     return (
         tuple(x.get("role") for x in tail),
-        tuple(bool(x.get("tool_calls")) for x in tail),
+        tuple(len(x.get("tool_calls") or ()) for x in tail),
         tuple(bool(x.get("reasoning_content")) for x in tail),
         thinking,
     )
@@ -249,6 +280,7 @@ class ConversationTracker:
         template_kwargs: Mapping[str, Any] | None = None,
         main_thread: MainThreadRule = "first",
         prefix_cache: PrefixCache | None = None,
+        profile: ModelProfile | None = None,
     ) -> None:
         if main_thread not in ("first", "first_with_tools"):
             raise ValueError(f"main_thread must be 'first' or 'first_with_tools', not {main_thread!r}")
@@ -259,16 +291,25 @@ class ConversationTracker:
         self._prefix_cache = prefix_cache
         self.trajectory = trajectory if trajectory is not None else Trajectory(session_id=session_id)
         self.template_kwargs = dict(template_kwargs or {})
+        self.profile = profile if profile is not None else detect_profile(tokenizer)
         self.eos_text: str = tokenizer.eos_token
         self.eos_id: int = tokenizer.convert_tokens_to_ids(self.eos_text)
+        ids = {
+            t: tokenizer.convert_tokens_to_ids(t) for t in (*self.profile.closers, *self.profile.stop_tokens)
+        }
+        self._closer_ids: dict[str, int] = {t: ids[t] for t in self.profile.closers}
+        # the ids that end a model turn (the generation config's EOS list)
+        self.stop_ids: frozenset[int] = frozenset(ids[t] for t in self.profile.stop_tokens)
+        # Marker texts of sentinel copies (rule 3): letters and digits only, unique per tracker.
+        self._mark = "tfs" + secrets.token_hex(6)
         # A tracker resumed over a recovered trajectory keeps its main thread, but not the
         # conversations: the next request of each thread opens a new segment.
         self._main_key: str | None = next(
             (s.system_key for s in self.trajectory.segments if s.kind == "main"), None
         )
         self._recorded: dict[int, _Recorded] = {}
-        # Template locality per tail shape: absent = not probed yet (see _delta_text).
-        self._tail_ok: dict[tuple, bool] = {}
+        # Rule 3's verdict per tail shape: absent = not probed yet (see _anchor).
+        self._verdicts: dict[tuple, _Verdict] = {}
         # (system texts, their system_key) of the last request
         self._last_system: tuple[tuple[str, ...] | None, str] = (None, "")
 
@@ -282,12 +323,19 @@ class ConversationTracker:
         generation: bool,
         thinking: bool | None = None,
     ) -> str:
-        kwargs = dict(self.template_kwargs)
-        if thinking is not None:
-            kwargs["enable_thinking"] = thinking
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation, **kwargs
-        )
+        """The template's text for neutral ``messages`` (adapted to the profile). Raises
+        ``TemplateRejected`` when the template raises."""
+        kwargs = {**self.template_kwargs, **self.profile.thinking_kwargs(thinking)}
+        try:
+            return self.tokenizer.apply_chat_template(
+                self.profile.adapt(messages),
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=generation,
+                **kwargs,
+            )
+        except Exception as exc:  # noqa: BLE001 - jinja raises anything (TypeError, TemplateError, ...)
+            raise TemplateRejected(exc) from exc
 
     def _encode(self, text: str) -> list[int]:
         # The Rust tokenizer directly when there is one: transformers' encode wraps it in a
@@ -320,12 +368,16 @@ class ConversationTracker:
         else:
             kind = "main" if key == self._main_key else "side"
         segs = self.trajectory.segments
+        forced = False
         for idx in range(len(segs) - 1, -1, -1):
             seg = segs[idx]
             if seg.system_key != key or seg.kind != kind or idx not in self._recorded:
                 continue
             ext = self._extension(idx, messages, tools, request.thinking)
             if ext is None:
+                continue
+            if ext == "template":
+                forced = True
                 continue
             env, norms = ext
             # rule 5 holds by construction here; commit checks the backend's echo of it.
@@ -339,15 +391,17 @@ class ConversationTracker:
             else id_array(self._encode(text))
         )
         rewritten = kind == "main" and any(s.kind == "main" for s in segs)
-        header = SegmentHeader(kind=kind, rewritten=rewritten, system_key=key, prompt_ids=prompt)
+        cause = "template" if forced else "client" if rewritten else None
+        header = SegmentHeader(kind=kind, rewritten=rewritten, system_key=key, prompt_ids=prompt, cause=cause)
         norms = tuple(_norm(m) for m in messages)
         return PreparedTurn(len(segs), kind, key, prompt, [], 0, header, tuple(messages), tools, norms)
 
     def _extension(
         self, idx: int, messages: list[Message], tools: tuple[ToolSpec, ...], thinking: bool | None
-    ) -> tuple[list[int], tuple[tuple, ...]] | None:
-        """(environment ids, normalized messages) extending segment ``idx`` to ``messages``, or
-        None if it does not extend."""
+    ) -> tuple[list[int], tuple[tuple, ...]] | Literal["template"] | None:
+        """(environment ids, normalized messages) extending segment ``idx`` to ``messages``;
+        None when the conversation does not continue the segment's; ``"template"`` when it
+        does but rule 3 cannot anchor the extension."""
         rec = self._recorded[idx]
         m = len(rec.norms)
         if rec.tools != tools or len(messages) < m:
@@ -358,57 +412,150 @@ class ConversationTracker:
             if not _same(rec.norms[i], _norm(messages[i])):
                 return None
         norms = rec.norms + tuple(_norm(e) for e in messages[m:])
-        delta = self._delta_text(messages, m, list(tools), thinking)
-        if delta is None:
-            return None
-        env = self._encode(delta)
+        anchored = self._anchor(messages, m, list(tools), thinking)
+        if anchored is None:
+            return "template"
+        text, closer = anchored
+        env = self._encode(text)
         seg = self.trajectory.segments[idx]
         last = seg.response_ids[-1] if seg.response_ids else seg.prompt_ids[-1]
-        if last != self.eos_id:
-            env = [self.eos_id] + env
+        closer_id = self._closer_ids[closer]
+        if last != closer_id and (self.profile.stop_opens_next or last not in self.stop_ids):
+            env = [closer_id] + env
         return env, norms
 
-    def _delta_text(
-        self, messages: list[Message], m: int, tools: list[ToolSpec], thinking: bool | None
-    ) -> str | None:
-        """Template text after the end of the last recorded assistant turn (rule 3), or None.
+    # ------------------------------------------------------------------ rule 3: anchoring
 
-        Rendering the whole conversation twice per turn makes a turn's CPU grow with the session
-        (~10x between turn 1 and turn 100 of a 64K-token session), and rendering the tool list
-        (tens of KB of JSON schema for real scaffolds) costs more than the rest of the turn. For
-        a *message-local* template (each message's text depends only on itself, its neighbours
-        and the leading system messages) the text after the assistant's EOS is the same when
-        only the leading system messages and the messages from the last assistant on are
-        rendered, without the tool list (it lives in the header, before the cut). Whether that
-        holds is probed against the full render once per *tail shape* (roles from the last
-        assistant on, tool calls and reasoning present or not, thinking); a shape that fails its
-        probe is always rendered in full, so exactness never depends on the shortcut.
-        """
+    def _anchor(
+        self, messages: list[Message], m: int, tools: list[ToolSpec], thinking: bool | None
+    ) -> tuple[str, str] | None:
+        """(environment text after the last recorded assistant turn, the closer that ends
+        it), or None when the template does not let the segment be extended (rule 3)."""
         shape = (_tail_shape(messages, m, thinking), bool(tools))
-        ok = self._tail_ok.get(shape)
-        if ok is False:
-            return self._cut_after_eos(messages, m, tools, thinking)
+        verdict = self._verdicts.get(shape)
+        if verdict is None:
+            verdict = self._probe(messages, m, tools, thinking)
+            # A tail that is the whole request proves nothing about shorter tails: probe again.
+            if verdict != "tail" or len(self._tail(messages, m)[0]) < len(messages):
+                self._verdicts[shape] = verdict
+            else:
+                verdict = "full"
+        if verdict == "none":
+            return None
+        if verdict == "tail":
+            tail, a = self._tail(messages, m)
+            try:
+                found = self._env(tail, a, a + 1, [], thinking)
+            except TemplateRejected:
+                found = None  # the tail alone is not renderable here: the whole request decides
+            if found is not None:
+                return found
+        return self._env(messages, m - 1, m, tools, thinking)
+
+    def _tail(self, messages: list[Message], m: int) -> tuple[list[Message], int]:
+        """(leading system messages + the last user message before the last recorded
+        assistant + that assistant and everything after it, the assistant's index in it)."""
         lead = 0
         while lead < m - 1 and messages[lead].get("role") == "system":
             lead += 1
-        tail = messages[:lead] + messages[m - 1 :]
-        fast = self._cut_after_eos(tail, lead + 1, [], thinking)
-        if ok:
-            return fast
-        full = self._cut_after_eos(messages, m, tools, thinking)
-        if full is not None:
-            self._tail_ok[shape] = fast == full
-        return full
+        user = next((i for i in range(m - 2, lead - 1, -1) if messages[i].get("role") == "user"), None)
+        head = messages[:lead] + ([messages[user]] if user is not None else [])
+        return head + messages[m - 1 :], len(head)
 
-    def _cut_after_eos(
-        self, messages: list[Message], m: int, tools: list[ToolSpec], thinking: bool | None
-    ) -> str | None:
-        s_prev = self._render(messages[:m], tools, generation=False)
-        s_full = self._render(messages, tools, generation=True, thinking=thinking)
-        cut = s_prev.rfind(self.eos_text)
-        if not s_full.startswith(s_prev) or cut == -1:
+    def _env(
+        self, messages: list[Message], a: int, masked: int, tools: list[ToolSpec], thinking: bool | None
+    ) -> tuple[str, str] | None:
+        """Rule 3 on one render: messages[:masked] as sentinel copies, ``a`` the assistant."""
+        text = self._render(self._sentinels(messages, masked), tools, generation=True, thinking=thinking)
+        cut = self._locate(text, a)
+        if cut is None:
             return None
-        return s_full[cut + len(self.eos_text) :]
+        end, closer = cut
+        env = text[end:]
+        if self._mark in env:  # the template renders something the model already saw after its turn
+            return None
+        return env, closer
+
+    def _locate(self, text: str, a: int) -> tuple[int, str] | None:
+        """(position right after the closer that ends message ``a``'s rendering, closer)."""
+        tag = f"{self._mark}m{a}x"
+        start = text.rfind(tag)
+        if start < 0:
+            return None
+        end = text.find("Z", start) + 1
+        best: tuple[int, str] | None = None
+        for closer in self.profile.closers:
+            i = text.find(closer, end)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, closer)
+        if best is None:
+            return None
+        return best[0] + len(best[1]), best[1]
+
+    def _marker(self, i: int, kind: str) -> str:
+        return f"{self._mark}m{i}x{kind}Z"
+
+    def _sentinels(self, messages: list[Message], k: int) -> list[Message]:
+        """``messages`` with the first ``k`` replaced by sentinel copies: same role, same fields
+        present or absent, same number of tool calls with the same names; every text is a
+        marker naming the message (``_marker``)."""
+        out = []
+        for i, msg in enumerate(messages):
+            if i >= k:
+                out.append(msg)
+                continue
+            copy = dict(msg)
+            calls = msg.get("tool_calls") or ()
+            if _text(msg.get("content")) or (msg.get("role") == "assistant" and not calls):
+                copy["content"] = self._marker(i, "c")
+            if _text(msg.get("reasoning_content")):
+                copy["reasoning_content"] = self._marker(i, "r")
+            if calls:
+                copy["tool_calls"] = [
+                    {
+                        "id": tc.get("id", ""),
+                        "type": "function",
+                        "function": {
+                            "name": tc.get("function", tc).get("name"),
+                            "arguments": {"tfarg": self._marker(i, f"a{j}")},
+                        },
+                    }
+                    for j, tc in enumerate(calls)
+                ]
+            out.append(copy)
+        return out
+
+    def _probe(
+        self, messages: list[Message], m: int, tools: list[ToolSpec], thinking: bool | None
+    ) -> _Verdict:
+        """Rule 3's checks for this request's tail shape (module docstring, (a) and (b))."""
+        whole = self._env(messages, m - 1, m, tools, thinking)
+        real = self._render(messages, tools, generation=True, thinking=thinking)
+        if whole is None or not real.endswith(whole[0]):
+            return "none"
+        # every new message lands in the environment, once
+        all_masked = self._render(
+            self._sentinels(messages, len(messages)), tools, generation=True, thinking=thinking
+        )
+        cut = self._locate(all_masked, m - 1)
+        if cut is None:
+            return "none"
+        env = all_masked[cut[0] :]
+        if any(f"{self._mark}m{i}x" in env for i in range(m)):
+            return "none"
+        for i in range(m, len(messages)):
+            for kind in ("c", "r", *(f"a{j}" for j in range(len(messages[i].get("tool_calls") or ())))):
+                marker = self._marker(i, kind)
+                if marker in all_masked and env.count(marker) != 1:
+                    return "none"
+                if kind == "c" and _text(messages[i].get("content")) and marker not in env:
+                    return "none"
+        tail, a = self._tail(messages, m)
+        try:
+            fast = self._env(tail, a, a + 1, [], thinking)
+        except TemplateRejected:
+            fast = None
+        return "tail" if fast == whole else "full"
 
     # ------------------------------------------------------------------ commit
 

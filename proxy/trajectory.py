@@ -246,6 +246,9 @@ class SegmentHeader:
     rewritten: bool
     system_key: str
     prompt_ids: Sequence[int]
+    # Why a segment opened while its thread had one: "client" (the conversation changed) or
+    # "template" (it still matched, but the chat template forced a new render); None otherwise.
+    cause: Literal["client", "template"] | None = None
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,10 @@ class Counters:
     overlong: int = 0
     aborts_resumed: int = 0
     replayed: int = 0  # turns answered from an earlier attempt's record, not by a replica
+    # New segments forced by the client rewriting its history (compaction, edits) vs by the chat
+    # template (the conversation continued, but its render could not extend the segment).
+    rewrites_client: int = 0
+    rewrites_template: int = 0
 
 
 @dataclass(frozen=True)
@@ -364,6 +371,9 @@ class Trajectory:
         c.aborts_resumed += rec.resumed_after_abort
         c.overlong += rec.overlong
         c.replayed += rec.source == "replayed"
+        if delta.new_segment is not None:
+            c.rewrites_client += delta.new_segment.cause == "client"
+            c.rewrites_template += delta.new_segment.cause == "template"
         return rec
 
     def note_overlong(self) -> None:
@@ -564,7 +574,7 @@ class Trajectory:
 # is left out of the payload, so a trajectory that does not use it serializes byte for byte as
 # before (tests/proxy/fixtures/trajectory_format1), and a reader fills the default back in.
 _LATE_TURN_FIELDS: dict[str, Any] = {"source": "generated", "answer": None}
-_LATE_COUNTERS: dict[str, Any] = {"replayed": 0}
+_LATE_COUNTERS: dict[str, Any] = {"replayed": 0, "rewrites_client": 0, "rewrites_template": 0}
 
 
 def _without_late_defaults(d: dict[str, Any], late: dict[str, Any]) -> dict[str, Any]:

@@ -515,7 +515,7 @@ def test_extension_env_tokens_equal_the_full_render_delta(tok, edit, shortcut_ok
         if prepared.extends:
             assert prepared.env_ids == _full_render_env(t, prepared)
     assert len(tracker.trajectory.segments) == 1
-    assert set(tracker._tail_ok.values()) == {shortcut_ok}
+    assert set(tracker._verdicts.values()) == {"tail" if shortcut_ok else "full"}
 
 
 def test_locality_is_probed_per_tail_shape(tok):
@@ -541,7 +541,7 @@ def test_locality_is_probed_per_tail_shape(tok):
     prepared, *_ = run_turn(tracker, model, msgs, ParsedOutput(content="end"))
     assert prepared.env_ids == _full_render_env(t, prepared)
     assert len(tracker.trajectory.segments) == 1
-    assert sorted(tracker._tail_ok.values()) == [False, True]
+    assert sorted(tracker._verdicts.values()) == ["full", "tail"]
 
 
 def test_first_with_tools_rule_makes_the_agent_main_after_a_title_call(tok):
