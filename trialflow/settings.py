@@ -42,6 +42,9 @@ class TrialflowSettings(BaseSettings):
     replica_urls: list[str] = Field(default_factory=list)
     model_dir: Path | None = None
     model_name: str = "tiny"
+    # Field overrides of the model profile the proxy detects from the template (proxy.profiles),
+    # e.g. TRIALFLOW_MODEL_PROFILE='{"stop_tokens": ["<|im_end|>"]}'.
+    model_profile: dict[str, Any] = Field(default_factory=dict)
 
     proxy_host: str = "127.0.0.1"
     proxy_port: int = 0  # 0: any free port (the worker's in-process proxy)

@@ -69,6 +69,7 @@ def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
         port=settings.proxy_port,
         replicas=settings.replica_urls,
         defaults=SessionConfig(model=settings.model_name),
+        profile=settings.model_profile,
     )
 
 
