@@ -240,13 +240,27 @@ async def serve_proxy(backend_url: str, profile: str | None) -> None:
     profiler = cProfile.Profile(time.process_time) if profile else None
     if profiler is not None:
         profiler.enable()
-    print(json.dumps({"url": server.base_url, "relay_url": relay_url, "pid": os.getpid()}), flush=True)
+    # "url" is the management listener (sessions are opened and closed there, with the token).
+    print(
+        json.dumps(
+            {
+                "url": server.management_url,
+                "token": server.management_token,
+                "relay_url": relay_url,
+                "pid": os.getpid(),
+            }
+        ),
+        flush=True,
+    )
     await stop.wait()
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(profile)
     await relay_stop()
     await server.stop()
+
+
+MGMT_HEADERS: dict[str, str] = {}  # the spawned proxy's management token, once it is up
 
 
 async def start_relay(backend_url: str):
@@ -400,7 +414,7 @@ async def run_round(
         conv = convs[i]
         base = None
         if mode not in ("direct", "relay"):
-            async with http.post(f"{proxy}/sessions", json={}) as r:
+            async with http.post(f"{proxy}/sessions", json={}, headers=MGMT_HEADERS) as r:
                 handle = await r.json()
             base = handle["openai_base_url"] if mode == "openai" else handle["anthropic_base_url"]
         for t in range(len(conv.users)):
@@ -453,7 +467,10 @@ async def run_round(
                 if got != conv.reply:
                     raise RuntimeError(f"openai reply differs from the backend's text: {got[:80]!r}")
         if mode not in ("direct", "relay"):
-            async with http.post(f"{proxy}/sessions/{handle['session_id']}/close?format=json") as r:
+            own = {**MGMT_HEADERS, "X-Trialflow-Session-Secret": handle["secret"]}
+            async with http.post(
+                f"{proxy}/sessions/{handle['session_id']}/close?format=json", headers=own
+            ) as r:
                 summary = await r.json()
             segments = summary.get("segments")
             if isinstance(segments, list) and len(segments) != 1:
@@ -609,6 +626,7 @@ def main() -> None:
         started = time.time()
         wake = cpu_wake()
         eviction = cache_eviction()
+        MGMT_HEADERS["Authorization"] = f"Bearer {proxy['token']}"
         results = asyncio.run(
             load(
                 args,

@@ -1,10 +1,17 @@
 """aiohttp app of the proxy: management API + Anthropic / OpenAI Chat Completions / Responses routes.
 
-Management (no auth: bind it to a private interface; the worker uses it in-process)::
+Management: a listener of its own, apart from the protocol routes (a Unix socket
+``management_socket``, else a second TCP port on ``host``, ``management_url``), where every
+request carries ``Authorization: Bearer <management_token>`` (401 otherwise; the token is
+generated when not given: ``ProxyServer.management_token``). ``GET /sessions/{id}`` and
+``POST /sessions/{id}/close`` also need that session's secret in the header
+``X-Trialflow-Session-Secret`` (404 otherwise, as for an unknown session). The worker uses
+the same operations in-process and sandboxes reach neither listener (docs/design.md,
+"Sandbox network")::
 
     POST /sessions               {model?, sampling?: {...}, max_context_tokens?, replicas?: [url],
                                   metadata?: {...}, reasoning_parser?, tool_parser?}
-                                 -> {session_id, anthropic_base_url, openai_base_url}
+                                 -> {session_id, secret, anthropic_base_url, openai_base_url}
     GET  /sessions/{id}          -> live stats
     POST /sessions/{id}/close    -> trajectory npz bytes (``?format=json``: JSON summary)
     POST /policy_version         {version: int} -> {version, sessions}: a weight sync; every open
@@ -158,6 +165,9 @@ class ProxyServer:
         keepalive_s: float = 5.0,
         pool_factory: Callable[[Sequence[str]], ReplicaPool] = ReplicaPool,
         profile: Mapping[str, Any] | None = None,
+        management_socket: str | Path | None = None,
+        management_port: int = 0,
+        management_token: str | None = None,
     ) -> None:
         if tokenizer is None:
             if model_dir is None:
@@ -185,7 +195,12 @@ class ProxyServer:
         self._turns: set[asyncio.Future[TurnOutcome]] = set()
         self._background: set[asyncio.Future[None]] = set()
         self._runner: web.AppRunner | None = None
-        self.app = self._build_app()
+        self._management_runner: web.AppRunner | None = None
+        self.management_socket = Path(management_socket) if management_socket else None
+        self.management_port = management_port
+        self.management_token = management_token or secrets.token_urlsafe(32)
+        self.app = self._protocol_app(prefix="/s/{sid}/{secret}")
+        self.management_app = self._build_management_app()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -196,13 +211,37 @@ class ProxyServer:
         await site.start()
         if self.port == 0:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._management_runner = web.AppRunner(self.management_app, access_log=None)
+        await self._management_runner.setup()
+        if self.management_socket is not None:
+            self.management_socket.unlink(missing_ok=True)
+            msite: web.BaseSite = web.UnixSite(self._management_runner, str(self.management_socket))
+            await msite.start()
+            self.management_socket.chmod(0o600)  # the worker's user only
+        else:
+            msite = web.TCPSite(self._management_runner, self.host, self.management_port)
+            await msite.start()
+            self.management_port = msite._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    @property
+    def management_url(self) -> str:
+        """Base URL of the management listener (``http://localhost`` over a Unix socket:
+        connect with ``aiohttp.UnixConnector(path=management_socket)``)."""
+        if self.management_socket is not None:
+            return "http://localhost"
+        return f"http://{self.host}:{self.management_port}"
+
+    @property
+    def management_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.management_token}"}
 
     async def stop(self) -> None:
         for sid in list(self._sessions):
             await self.close_session(sid)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for runner in (self._runner, self._management_runner):
+            if runner is not None:
+                await runner.cleanup()
+        self._runner = self._management_runner = None
         await self.shared_pools.close()
         await self.pool.close()
 
@@ -321,8 +360,8 @@ class ProxyServer:
         return entry.session
 
     # -- app ------------------------------------------------------------------------------
-    def _build_app(self) -> web.Application:
-        app = self._protocol_app(prefix="/s/{sid}/{secret}")
+    def _build_management_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._require_token])
         r = app.router
         r.add_post("/sessions", self._create)
         r.add_get("/sessions/{sid}", self._stats)
@@ -331,6 +370,26 @@ class ProxyServer:
         r.add_get("/replicas", self._replicas)
         r.add_post("/replicas", self._change_replicas)
         return app
+
+    @web.middleware
+    async def _require_token(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.management_token}".encode()):
+            return _json_response(
+                {"error": {"type": "Unauthorized", "message": "management token missing or wrong"}},
+                status=401,
+            )
+        return await handler(request)
+
+    def _session_with_secret(self, request: web.Request) -> str:
+        """The path's session id when the request carries that session's secret; a wrong
+        or missing secret is the same 404 as an unknown session."""
+        sid = request.match_info["sid"]
+        entry = self._sessions.get(sid)
+        given = request.headers.get("X-Trialflow-Session-Secret", "")
+        if entry is None or not hmac.compare_digest(entry.secret.encode(), given.encode()):
+            raise NotFound(f"unknown session {sid}")
+        return sid
 
     def _protocol_app(self, prefix: str) -> web.Application:
         """The protocol routes under ``prefix`` (``/s/{sid}/{secret}``, or "" on a
@@ -342,7 +401,6 @@ class ProxyServer:
         r.add_post(f"{prefix}/v1/chat/completions", self._openai_chat)
         r.add_post(f"{prefix}/v1/responses", self._openai_responses)
         r.add_get(f"{prefix}/v1/models", self._models)
-        # Registered before any management route: a catch-all only under a non-empty prefix.
         r.add_route("*", prefix + "/{tail:.*}", self._unknown_route)
         return app
 
@@ -359,6 +417,7 @@ class ProxyServer:
         return _json_response(
             {
                 "session_id": handle.session_id,
+                "secret": handle.secret,
                 "anthropic_base_url": handle.anthropic_base_url,
                 "openai_base_url": handle.openai_base_url,
             }
@@ -398,11 +457,11 @@ class ProxyServer:
 
     @_management
     async def _stats(self, request: web.Request) -> web.Response:
-        return _json_response(self.session_stats(request.match_info["sid"]))
+        return _json_response(self.session_stats(self._session_with_secret(request)))
 
     @_management
     async def _close(self, request: web.Request) -> web.Response:
-        trajectory = await self.close_session(request.match_info["sid"])
+        trajectory = await self.close_session(self._session_with_secret(request))
         if request.query.get("format") == "json":
             return _json_response(Session.summary(trajectory))
         return web.Response(body=trajectory.to_bytes(), content_type="application/octet-stream")

@@ -199,6 +199,7 @@ def test_random_paths_and_management(proxy, target, path, method):
     for url in (
         f"{target.openai_base_url}/{path}",
         f"{proxy.srv.base_url}/sessions/{path}",
+        f"{proxy.srv.management_url}/sessions/{path}",
         f"{proxy.srv.base_url}/s/{target.session_id}/wrong/v1/{path}",
     ):
         status, raw = post(url, b"{}", method=method)

@@ -27,9 +27,9 @@ def _events(raw: str) -> list[str]:
 
 async def test_management_api_roundtrip(tok):
     async with ScriptedVLLM(tok, script=[Reply("hello")]) as dbl, proxy_server(tok, dbl.url) as srv:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             r = await http.post(
-                f"{srv.base_url}/sessions",
+                f"{srv.management_url}/sessions",
                 json={
                     "sampling": {"temperature": 0.5, "max_tokens": 20},
                     "max_context_tokens": 3000,
@@ -44,28 +44,35 @@ async def test_management_api_roundtrip(tok):
             )
             assert r.status == 200 and (await r.json())["content"][0]["text"] == "hello"
             assert dbl.requests[0]["temperature"] == 0.5 and dbl.requests[0]["max_tokens"] == 20
-            stats = await (await http.get(f"{srv.base_url}/sessions/{h['session_id']}")).json()
+            own = {"X-Trialflow-Session-Secret": h["secret"]}
+            stats = await (
+                await http.get(f"{srv.management_url}/sessions/{h['session_id']}", headers=own)
+            ).json()
             assert stats["turns"] == 1 and stats["metadata"] == {"trial_id": "t-1"} and not stats["busy"]
-            r = await http.post(f"{srv.base_url}/sessions/{h['session_id']}/close")
+            r = await http.post(f"{srv.management_url}/sessions/{h['session_id']}/close", headers=own)
             t = Trajectory.from_bytes(await r.read())
             assert t.counters.turns == 1 and t.segments[0].response_ids[-1] == tok.eos_token_id
             # Closed: the protocol route and the management routes answer 404.
             r = await http.post(h["anthropic_base_url"] + "/v1/messages", json=MSG, headers=ANTHROPIC)
             assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
-            assert (await http.post(f"{srv.base_url}/sessions/{h['session_id']}/close")).status == 404
-            assert (await http.get(f"{srv.base_url}/sessions/{h['session_id']}")).status == 404
+            closed = f"{srv.management_url}/sessions/{h['session_id']}"
+            assert (await http.post(f"{closed}/close", headers=own)).status == 404
+            assert (await http.get(closed, headers=own)).status == 404
             # Bad management bodies are 400s.
             for bad in ({"sampling": {"temperature": "hot"}}, {"nope": 1}, [1], {"max_context_tokens": -1}):
-                assert (await http.post(f"{srv.base_url}/sessions", json=bad)).status == 400
+                assert (await http.post(f"{srv.management_url}/sessions", json=bad)).status == 400
 
 
 async def test_close_json_summary(tok):
     async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
         h = srv.open_session()
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             await http.post(h.openai_base_url + "/chat/completions", json=CHAT)
             summary = await (
-                await http.post(f"{srv.base_url}/sessions/{h.session_id}/close?format=json")
+                await http.post(
+                    f"{srv.management_url}/sessions/{h.session_id}/close?format=json",
+                    headers={"X-Trialflow-Session-Secret": h.secret},
+                )
             ).json()
     assert summary["counters"]["turns"] == 1 and summary["segments"][0]["kind"] == "main"
     assert summary["segments"][0]["generated_tokens"] == summary["turns"][0]["completion_tokens"]
@@ -76,7 +83,7 @@ async def test_wrong_secret_and_unknown_routes_are_404_in_protocol_shape(tok):
         h = srv.open_session()
         other = srv.open_session()
         wrong = f"{srv.base_url}/s/{h.session_id}/{other.secret}/v1"
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             r = await http.post(wrong + "/messages", json=MSG, headers=ANTHROPIC)
             assert r.status == 404 and (await r.json())["type"] == "error"
             r = await http.post(wrong + "/chat/completions", json=CHAT)
@@ -98,7 +105,7 @@ async def test_body_limits_and_malformed_json(tok):
     async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
         srv.max_body_bytes = 1000
         h = srv.open_session()
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             big = dict(MSG, messages=[{"role": "user", "content": "x" * 2000}])
             r = await http.post(h.anthropic_base_url + "/v1/messages", json=big, headers=ANTHROPIC)
             assert r.status == 413 and (await r.json())["error"]["type"] == "request_too_large"
@@ -113,7 +120,7 @@ async def test_body_limits_and_malformed_json(tok):
 async def test_count_tokens_matches_the_prompt_sent(tok):
     async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
         h = srv.open_session()
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             r = await http.post(
                 h.anthropic_base_url + "/v1/messages/count_tokens",
                 json={"model": "m", "messages": MSG["messages"]},
@@ -130,7 +137,7 @@ async def test_streaming_sends_keepalives_while_generating(tok):
         proxy_server(tok, dbl.url) as srv,
     ):
         h = srv.open_session()
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             r = await http.post(
                 h.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC
             )
@@ -152,7 +159,7 @@ async def test_stream_errors_keep_status_when_fast_and_become_events_when_late(t
     async with ScriptedVLLM(tok, script=[HTTPFailure(500, delay_s=0.4)]) as dbl:
         async with proxy_server(tok, dbl.url, max_context_tokens=30, keepalive_s=0.1) as srv:
             h = srv.open_session()
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=srv.management_headers) as http:
                 # Fast failure (context exhausted): a plain 400, as Claude Code expects.
                 long = dict(MSG, stream=True, messages=[{"role": "user", "content": "x " * 100}])
                 r = await http.post(h.anthropic_base_url + "/v1/messages", json=long, headers=ANTHROPIC)
@@ -179,7 +186,7 @@ async def test_sessions_are_isolated_and_checkpointed(tok):
     async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
         a = srv.open_session(SessionConfig(model="scripted", checkpoint=sink))
         b = srv.open_session(SessionConfig(model="scripted", checkpoint=sink))
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             await http.post(a.openai_base_url + "/chat/completions", json=CHAT)
             await http.post(
                 b.openai_base_url + "/chat/completions",
@@ -200,7 +207,7 @@ async def test_concurrent_requests_in_one_session_are_serialised(tok):
         proxy_server(tok, dbl.url) as srv,
     ):
         h = srv.open_session()
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
 
             async def ask(text):
                 r = await http.post(
@@ -219,7 +226,7 @@ async def test_ignored_fields_logged_once_per_session(tok, caplog):
     caplog.set_level("INFO", logger="proxy.session")
     async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
         h = srv.open_session()
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             for _ in range(2):
                 r = await http.post(
                     h.anthropic_base_url + "/v1/messages",
@@ -237,7 +244,7 @@ async def test_client_leaving_mid_stream_does_not_lose_the_turn(tok):
         proxy_server(tok, dbl.url) as srv,
     ):
         h = srv.open_session()
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             r = await http.post(
                 h.anthropic_base_url + "/v1/messages", json=dict(MSG, stream=True), headers=ANTHROPIC
             )
@@ -256,17 +263,17 @@ async def test_weight_sync_mid_turn_widens_the_policy_version_range(tok):
         proxy_server(tok, dbl.url) as srv,
     ):
         h = srv.open_session(SessionConfig(policy_version=3))
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             turn = asyncio.create_task(http.post(h.openai_base_url + "/chat/completions", json=CHAT))
             while not dbl.requests:  # the generation is running at the backend
                 await asyncio.sleep(0.05)
-            r = await http.post(f"{srv.base_url}/policy_version", json={"version": 4})
+            r = await http.post(f"{srv.management_url}/policy_version", json={"version": 4})
             assert await r.json() == {"version": 4, "sessions": 1}
             assert (await turn).status == 200
             seg = srv.session(h.session_id).trajectory.segments[0]
             assert (seg.policy_version_min, seg.policy_version_max) == (3, 4)
             for bad in ({"version": "4"}, {"version": True}, {}, [4]):
-                assert (await http.post(f"{srv.base_url}/policy_version", json=bad)).status == 400
+                assert (await http.post(f"{srv.management_url}/policy_version", json=bad)).status == 400
         assert srv.open_session().session_id and srv.defaults.policy_version == 4
         t = await srv.close_session(h.session_id)
     rebuilt = Trajectory.from_bytes(t.to_bytes())
@@ -277,8 +284,8 @@ async def test_replicas_join_and_leave_over_the_management_api(tok):
     """A second replica added over HTTP takes new sessions (least loaded); removing the first
     moves its stuck session over on the next turn; malformed bodies change nothing."""
     async with ScriptedVLLM(tok) as first, ScriptedVLLM(tok) as second, proxy_server(tok, first.url) as srv:
-        async with aiohttp.ClientSession() as http:
-            mgmt = f"{srv.base_url}/replicas"
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
+            mgmt = f"{srv.management_url}/replicas"
             a = srv.open_session()
             assert (await http.post(a.openai_base_url + "/chat/completions", json=CHAT)).status == 200
             r = await http.post(mgmt, json={"add": [second.url + "/"]})
@@ -329,7 +336,7 @@ async def test_lone_surrogates_are_a_400_not_a_failed_turn(tok):
     async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
         h = srv.open_session()
         body = b'{"model": "m", "stop": ["\\ud800"], "messages": [{"role": "user", "content": "hi"}]}'
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             r = await http.post(
                 h.openai_base_url + "/chat/completions",
                 data=body,
@@ -355,31 +362,34 @@ async def test_sessions_naming_replicas_share_one_pool_and_its_health(tok):
     )
     srv.shared_pools._linger_s = 0
     try:
-        async with srv, aiohttp.ClientSession() as http:
+        async with srv, aiohttp.ClientSession(headers=srv.management_headers) as http:
             handles = []
             for i in range(6):
                 r = await http.post(
-                    f"{srv.base_url}/sessions", json={"replicas": urls[::-1] if i % 2 else urls}
+                    f"{srv.management_url}/sessions", json={"replicas": urls[::-1] if i % 2 else urls}
                 )
                 handles.append(await r.json())
                 chat = handles[-1]["openai_base_url"] + "/chat/completions"
                 assert (await http.post(chat, json=CHAT)).status == 200
             assert [len(d.requests) for d in doubles] == [2, 2, 2]
-            listing = await (await http.get(f"{srv.base_url}/replicas")).json()
+            listing = await (await http.get(f"{srv.management_url}/replicas")).json()
             assert len(listing["shared"]) == 1 and listing["shared"][0]["sessions"] == 6
             assert [r["sessions"] for r in listing["shared"][0]["replicas"]] == [2, 2, 2]
             doubles[0].healthy = False
             while listing["shared"][0]["replicas"][0]["up"]:
                 await asyncio.sleep(0.05)
-                listing = await (await http.get(f"{srv.base_url}/replicas")).json()
+                listing = await (await http.get(f"{srv.management_url}/replicas")).json()
             for _ in range(4):
                 h = srv.open_session(replace(srv.defaults, replicas=tuple(urls)))
                 assert (await http.post(h.openai_base_url + "/chat/completions", json=CHAT)).status == 200
-                handles.append({"session_id": h.session_id})
+                handles.append({"session_id": h.session_id, "secret": h.secret})
             assert [len(d.requests) for d in doubles] == [2, 4, 4]
             for h in handles:
-                await http.post(f"{srv.base_url}/sessions/{h['session_id']}/close")
-            assert (await (await http.get(f"{srv.base_url}/replicas")).json())["shared"] == []
+                await http.post(
+                    f"{srv.management_url}/sessions/{h['session_id']}/close",
+                    headers={"X-Trialflow-Session-Secret": h["secret"]},
+                )
+            assert (await (await http.get(f"{srv.management_url}/replicas")).json())["shared"] == []
     finally:
         for d in doubles:
             await d.stop()
@@ -387,9 +397,9 @@ async def test_sessions_naming_replicas_share_one_pool_and_its_health(tok):
 
 async def test_bad_replica_urls_are_a_400_at_session_open(tok):
     async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=srv.management_headers) as http:
             for bad in (["http://127.0.0.1:99999"], ["http://h:0"], ["nope"], [dbl.url + "/v1"]):
-                r = await http.post(f"{srv.base_url}/sessions", json={"replicas": bad})
+                r = await http.post(f"{srv.management_url}/sessions", json={"replicas": bad})
                 body = await r.json()
                 assert r.status == 400 and body["error"]["type"] == "InvalidRequest", body
                 assert "replicas" in body["error"]["message"]
@@ -412,7 +422,7 @@ async def test_a_turn_on_a_replica_marked_down_mid_generation_moves_over_exactly
             defaults=SessionConfig(model="scripted", max_context_tokens=4096),
             pool_factory=lambda u: ReplicaPool(u, health_interval_s=0.2, health_timeout_s=0.5),
         )
-        async with srv, aiohttp.ClientSession() as http:
+        async with srv, aiohttp.ClientSession(headers=srv.management_headers) as http:
             h = srv.open_session(replace(srv.defaults, replicas=(a.url, b.url)))
             chat = h.openai_base_url + "/chat/completions"
             r = await http.post(chat, json=CHAT)
@@ -440,3 +450,38 @@ async def test_a_turn_on_a_replica_marked_down_mid_generation_moves_over_exactly
     assert list(seg.response_ids[-n:]) == gen_b and list(seg.response_mask[-n:]) == [1] * n
     expected = [fake_logprob(tok_id, len(prompt_b) + i) for i, tok_id in enumerate(gen_b)]
     assert list(seg.response_logprobs[-n:]) == pytest.approx(expected)
+
+
+async def test_management_listener_needs_its_token_and_the_session_secret(tok, tmp_path):
+    async with ScriptedVLLM(tok) as dbl, proxy_server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        async with aiohttp.ClientSession() as http:
+            # The protocol port serves no management route at all.
+            for method, path in (("POST", "/sessions"), ("GET", "/replicas"), ("POST", "/policy_version")):
+                r = await http.request(method, srv.base_url + path, json={"version": 1})
+                assert r.status == 404, path
+            mgmt = srv.management_url
+            assert srv.management_port != srv.port
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": srv.management_token}):
+                for method, path in (("POST", "/sessions"), ("POST", "/replicas"), ("GET", "/replicas")):
+                    r = await http.request(method, mgmt + path, json={"add": ["http://x:1"]}, headers=headers)
+                    assert r.status == 401, (headers, path)
+            assert [r.url for r in srv.pool.replicas] == [dbl.url]
+            auth = srv.management_headers
+            for secret in (None, "wrong", srv.open_session().secret):
+                headers = {**auth, **({"X-Trialflow-Session-Secret": secret} if secret else {})}
+                assert (await http.get(f"{mgmt}/sessions/{h.session_id}", headers=headers)).status == 404
+                r = await http.post(f"{mgmt}/sessions/{h.session_id}/close", headers=headers)
+                assert r.status == 404
+            own = {**auth, "X-Trialflow-Session-Secret": h.secret}
+            assert (await http.get(f"{mgmt}/sessions/{h.session_id}", headers=own)).status == 200
+    # Over a Unix socket (mode 0600) with the same rules.
+    from proxy.server import ProxyServer
+
+    path = tmp_path / "mgmt.sock"
+    async with ProxyServer(tokenizer=tok, replicas=[], management_socket=path) as srv:
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(path))) as http:
+            assert (await http.post(f"{srv.management_url}/sessions", json={})).status == 401
+            r = await http.post(f"{srv.management_url}/sessions", json={}, headers=srv.management_headers)
+            assert r.status == 200 and (await r.json())["secret"]

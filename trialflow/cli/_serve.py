@@ -57,12 +57,30 @@ def proxy(
     replicas: ReplicaOpt = None,
     host: str = "127.0.0.1",
     port: int = 8100,
+    management_socket: Annotated[
+        Path, typer.Option(help="Unix socket of the management API (mode 0600)")
+    ] = Path(".trialflow/proxy-management.sock"),
 ) -> None:
-    """Run the proxy standalone (management API + protocol routes) until interrupted."""
+    """Run the proxy standalone until interrupted: protocol routes on host:port, the
+    management API on its own Unix socket with a bearer token (TRIALFLOW_PROXY_TOKEN, or
+    generated and printed)."""
+    import os
+
     from proxy import eventloop
     from proxy.server import ProxyServer
 
-    server = ProxyServer(model_dir=model_dir, host=host, port=port, replicas=replicas or ())
-    console.print(f"proxy on http://{host}:{port}  (POST /sessions to open a session)")
+    management_socket.parent.mkdir(parents=True, exist_ok=True)
+    server = ProxyServer(
+        model_dir=model_dir,
+        host=host,
+        port=port,
+        replicas=replicas or (),
+        management_socket=management_socket,
+        management_token=os.environ.get("TRIALFLOW_PROXY_TOKEN") or None,
+    )
+    console.print(
+        f"proxy on http://{host}:{port}; management API on unix:{management_socket} "
+        f"(header 'Authorization: Bearer {server.management_token}'; POST /sessions opens a session)"
+    )
     with contextlib.suppress(KeyboardInterrupt):
         eventloop.run(server.serve())
