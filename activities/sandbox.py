@@ -58,7 +58,7 @@ class SandboxActivities:
             task = load_task(inp.task_path)
             # The backend adds its own labels (managed, trial id, worker); these say more.
             labels = {**inp.labels, "trialflow.attempt": str(inp.attempt)}
-            mounts = list(get_scaffold(inp.scaffold).mounts()) if inp.scaffold else []
+            mounts = list(get_scaffold(inp.scaffold, **inp.scaffold_options).mounts()) if inp.scaffold else []
             async with heartbeating(interval_s=heartbeat_interval()):
                 sandbox = await self._backend.create(
                     task,

@@ -16,7 +16,9 @@ Outcomes vs failures:
   worker without one raises non-retryable `ModelNotConfigured`.
 While running, the activity heartbeats its live counters (`ScaffoldHeartbeat`) and signals
 them to the workflow (`report_progress`) when they change, feeding the workflow's
-`progress` query. A worker killed mid-run leaves the per-turn checkpoints in the store.
+`progress` query. `ScaffoldContext.heartbeat(details)` from the scaffold is an activity
+heartbeat too, carrying the counters and `details` (the latest ones, in every beat after).
+A worker killed mid-run leaves the per-turn checkpoints in the store.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from activities._support import heartbeat_interval, heartbeating, typed_errors
 from proxy.trajectory import Trajectory
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import SandboxBackend
-from trialflow.scaffolds import ScaffoldContext, ScaffoldResult, get_scaffold
+from trialflow.scaffolds import ScaffoldContext, ScaffoldResult, check_scaffold
 from trialflow.storage import ResultStore, StoreCheckpointSink, TrialKeys
 from trialflow.tasks import load_task
 from workflows.shared import (
@@ -88,7 +90,7 @@ class ScaffoldActivities:
         with typed_errors(), tempfile.TemporaryDirectory(prefix="tf-scaffold-") as tmp:
             async with heartbeating(interval_s=heartbeat_interval()):
                 task = load_task(inp.task_path)
-                scaffold = get_scaffold(inp.scaffold)
+                scaffold = check_scaffold(inp.scaffold, inp.scaffold_options)
                 sandbox = await self._backend.attach(inp.sandbox_id)
             model = inp.model or self._default_model
             session = (
@@ -102,6 +104,7 @@ class ScaffoldActivities:
                     assert self._proxy is not None
                     await self._proxy.close_session(session.session_id)
                     raise
+            live = _LiveBeat(inp.attempt, self._proxy, session.session_id if session else None)
             ctx = ScaffoldContext(
                 sandbox=sandbox,
                 task=task,
@@ -109,9 +112,10 @@ class ScaffoldActivities:
                 openai_base_url=urls[1],
                 model=model if session else None,
                 timeout_s=inp.agent_timeout_s,
+                heartbeat=live.from_scaffold,
                 log_dir=Path(tmp),
             )
-            beats = asyncio.create_task(self._beat(inp, session.session_id if session else None))
+            beats = asyncio.create_task(self._beat(live))
             trajectory: Trajectory | None = None
             trajectory_uri: str | None = None
             replicas_down = False
@@ -213,24 +217,46 @@ class ScaffoldActivities:
             await asyncio.to_thread(self._store.put_bytes, keys.log(name), path.read_bytes())
         return uri
 
-    async def _beat(self, inp: ScaffoldInput, session_id: str | None) -> None:
+    async def _beat(self, live: _LiveBeat) -> None:
         """Heartbeat the live counters; signal them to the workflow when they change."""
         last: ScaffoldHeartbeat | None = None
         interval = heartbeat_interval()
         info = activity.info()
         while True:
-            beat = ScaffoldHeartbeat(attempt=inp.attempt)
-            if session_id is not None and self._proxy is not None:
-                beat = beat.model_copy(update=live_counts(self._proxy.session_stats(session_id)))
+            beat = live.beat()
             activity.heartbeat(beat)
-            if self._client is not None and beat != last:
+            counters = beat.model_copy(update={"scaffold": {}})  # the scaffold's details are not signalled
+            if self._client is not None and counters != last:
                 try:
                     handle = self._client.get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
-                    await handle.signal(PROGRESS_SIGNAL, beat)
-                    last = beat
+                    await handle.signal(PROGRESS_SIGNAL, counters)
+                    last = counters
                 except RPCError as err:  # progress is advisory: never fail the trial for it
                     log.warning("progress signal for %s failed: %s", info.workflow_id, err)
             await asyncio.sleep(interval)
+
+
+class _LiveBeat:
+    """The attempt's live heartbeat: the proxy session's counters plus the latest details
+    the scaffold reported through `ScaffoldContext.heartbeat`."""
+
+    def __init__(self, attempt: int, proxy: ProxyServer | None, session_id: str | None) -> None:
+        self._attempt, self._proxy, self._session_id = attempt, proxy, session_id
+        self._details: dict[str, Any] = {}
+
+    def beat(self) -> ScaffoldHeartbeat:
+        beat = ScaffoldHeartbeat(attempt=self._attempt, scaffold=dict(self._details))
+        if self._session_id is not None and self._proxy is not None:
+            beat = beat.model_copy(update=live_counts(self._proxy.session_stats(self._session_id)))
+        return beat
+
+    def from_scaffold(self, details: dict[str, Any]) -> None:
+        """`ScaffoldContext.heartbeat`: never blocks, never raises into the scaffold."""
+        self._details = dict(details)
+        try:
+            activity.heartbeat(self.beat())
+        except Exception as err:  # noqa: BLE001 - e.g. called outside the activity's context
+            log.debug("scaffold heartbeat not sent: %s", err)
 
 
 def live_counts(stats: dict[str, Any]) -> dict[str, int]:

@@ -98,6 +98,63 @@ def test_rerunning_a_batch_attaches_to_its_trials(cli_env):
     assert status.output.count(f"trial-{batch_id}-create-file-0") == 1
 
 
+WRITER = """
+import time
+
+from trialflow.scaffolds import Scaffold, ScaffoldResult
+
+
+class Writer(Scaffold):
+    name = "writer"
+    needs_model = False
+
+    def __init__(self, *, text: str = "wrong") -> None:
+        self.text = text
+
+    async def run(self, ctx):
+        started = time.monotonic()
+        res = await ctx.sandbox.exec(f"printf '%s\\n' '{self.text}' > /app/hello.txt")
+        return ScaffoldResult(res.exit_code, False, res.stdout, res.stderr, time.monotonic() - started)
+"""
+
+
+@pytest.mark.temporal
+@pytest.mark.docker
+@pytest.mark.s3
+def test_run_a_scaffold_given_by_import_path_with_options(cli_env, tmp_path, monkeypatch):
+    """A scaffold that exists only in a temporary package: named by import path on the
+    command line, its option carried in the TrialSpec to the (in-process) worker."""
+    pkg = tmp_path / "tf_cli_agents"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "writer.py").write_text(WRITER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = _invoke(
+        cli_env,
+        "run",
+        str(GOOD),
+        "--scaffold",
+        "tf_cli_agents.writer:Writer",
+        "--scaffold-option",
+        "text=Hello, trialflow!",
+    )
+    assert run.exit_code == 0, run.output
+    assert "1.000" in run.output and "submitted" in run.output  # the option reached the worker
+
+
+def test_a_bad_scaffold_is_refused_before_submitting(tmp_path):
+    # nothing listens at that address: it must not get that far; wide columns keep messages whole
+    env = {"TRIALFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1", "COLUMNS": "400"}
+    for args, message in [
+        (["--scaffold", "no_such_pkg.mod:Agent"], "cannot load scaffold"),
+        (["--scaffold", "claude-code", "--scaffold-option", "max_turn=3"], "does not take options"),
+        (["--scaffold", "claude-code", "--scaffold-option", "max_turns"], "is not KEY=VALUE"),
+    ]:
+        result = CliRunner().invoke(app, ["run", str(GOOD), *args], env=env)
+        assert result.exit_code == 2, result.output
+        assert message in " ".join(result.output.split())
+
+
 def test_replay_numbers_compare_numerically():
     from trialflow.batch import replay_number
 

@@ -38,6 +38,7 @@ from temporalio.common import (
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from trialflow.scaffolds import check_scaffold
 from workflows.shared import (
     SA_BATCH,
     SA_SCAFFOLD,
@@ -147,8 +148,12 @@ def make_specs(
     The task name is the task directory's name, or its shortest unique trailing path
     (`task_labels`) when two directories of the batch share a name; a directory given
     twice raises `TrialIdCollision`. `spec_fields` go to every TrialSpec
-    (attempt_limit, agent_timeout_s, model, ...).
+    (attempt_limit, agent_timeout_s, model, scaffold_options, ...). The scaffold is built
+    once here with its `scaffold_options` (`check_scaffold`), so an unknown name, an
+    unimportable import path or a bad option raises `UnknownScaffold` before anything is
+    submitted.
     """
+    check_scaffold(scaffold, spec_fields.get("scaffold_options"))
     paths = [Path(p).resolve() for p in task_paths]
     specs = []
     for resolved, name in zip(paths, task_labels(paths), strict=True):

@@ -51,6 +51,10 @@ class TrialflowSettings(BaseSettings):
 
     # Scaffolds beyond the built-in registry: name -> "module:Class" (plugins, test doubles).
     extra_scaffolds: dict[str, str] = Field(default_factory=dict)
+    # `trialflow run`'s scaffold when --scaffold is not given: a registered name or an import
+    # path "my_pkg.my_mod:MyScaffold"; options for its constructor (--scaffold-option wins).
+    scaffold: str = "oracle"
+    scaffold_options: dict[str, Any] = Field(default_factory=dict)
 
     # Sandbox hardening (trialflow.sandbox.policy.SandboxPolicy). pids limit None: unlimited.
     sandbox_pids_limit: int | None = Field(default=1024, ge=16)

@@ -89,13 +89,16 @@ class TrialSpec(BaseModel):
     `attempt_limit` bounds how often the workflow starts over with a NEW sandbox after
     a lost host (each activity also has its own Temporal retry policy). If
     `agent_timeout_s` is None the task's own agent timeout applies. `replicas` None
-    means the worker's configured replica pool.
+    means the worker's configured replica pool. `scaffold` is a registered name or an
+    import path ``"my_pkg.my_mod:MyScaffold"`` (importable on the workers);
+    `scaffold_options` go to its constructor (e.g. ``{"max_turns": 20}``; see each scaffold).
     """
 
     batch_id: str
     task_path: str
     task_name: str
     scaffold: str
+    scaffold_options: dict[str, Any] = Field(default_factory=dict)
     sample_index: int = 0
     attempt_limit: int = 3
     agent_timeout_s: float | None = None
@@ -178,6 +181,7 @@ class SetupInput(BaseModel):
     attempt: int
     task_path: str
     scaffold: str | None = None  # the scaffold may need host mounts in the sandbox
+    scaffold_options: dict[str, Any] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
 
 
@@ -200,6 +204,7 @@ class ScaffoldInput(BaseModel):
     task_path: str
     scaffold: str
     agent_timeout_s: float
+    scaffold_options: dict[str, Any] = Field(default_factory=dict)
     model: str | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
     replicas: list[str] | None = None
@@ -220,12 +225,15 @@ class ScaffoldOutput(BaseModel):
 
 
 class ScaffoldHeartbeat(BaseModel):
-    """Heartbeat details of the scaffold activity, also signalled to the workflow."""
+    """Heartbeat details of the scaffold activity, also signalled to the workflow (when the
+    counters change). `scaffold` is the latest `ScaffoldContext.heartbeat` details the
+    scaffold itself reported (heartbeat only, not signalled)."""
 
     attempt: int
     turns: int = 0
     prompt_tokens: int = 0
     response_tokens: int = 0
+    scaffold: dict[str, Any] = Field(default_factory=dict)
 
 
 class VerifyInput(BaseModel):

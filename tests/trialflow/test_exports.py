@@ -28,6 +28,7 @@ def test_scaffold_exports():
         "ScaffoldContext",
         "ScaffoldResult",
         "available_scaffolds",
+        "check_scaffold",
         "get_scaffold",
         "register_scaffold",
         "scaffold_class",

@@ -24,6 +24,8 @@ from trialflow.cli._app import (
     settings_from_flags,
 )
 from trialflow.cli._views import results_table, status_table, trial_progress
+from trialflow.errors import UnknownScaffold
+from trialflow.scaffolds.registry import parse_scaffold_options, register_scaffold
 from trialflow.settings import TrialflowSettings
 from workflows.shared import TrialResult, TrialSpec
 
@@ -59,7 +61,21 @@ async def run_specs(
 
 def run(
     task_dirs: Annotated[list[Path], typer.Argument(help="Harbor task directories")],
-    scaffold: Annotated[str, typer.Option(help="oracle, nop, claude-code, opencode, terminus")] = "oracle",
+    scaffold: Annotated[
+        str | None,
+        typer.Option(
+            help="oracle, nop, claude-code, opencode, codex, terminus, ... or an import path "
+            "my_pkg.my_mod:MyScaffold (default: settings' scaffold, oracle)"
+        ),
+    ] = None,
+    scaffold_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scaffold-option",
+            help="KEY=VALUE for the scaffold's constructor, VALUE as JSON or else a string "
+            "(repeatable), e.g. max_turns=20",
+        ),
+    ] = None,
     attempts: Annotated[int, typer.Option(help="trials (samples) per task")] = 1,
     backend: Annotated[str, typer.Option(help="sandbox backend")] = "docker",
     batch_id: Annotated[str | None, typer.Option(help="reuse to attach to an earlier batch")] = None,
@@ -83,15 +99,26 @@ def run(
         model_dir=model_dir,
     )
     batch_id = batch_id or uuid.uuid4().hex[:10]
-    specs = batch.make_specs(
-        batch_id,
-        task_dirs,
-        scaffold,
-        samples=attempts,
-        attempt_limit=max_restarts,
-        agent_timeout_s=agent_timeout,
-        model=settings.model_name,
-    )
+    scaffold = scaffold or settings.scaffold
+    try:
+        options = {**settings.scaffold_options, **parse_scaffold_options(scaffold_option or [])}
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--scaffold-option") from None
+    for name, target in settings.extra_scaffolds.items():
+        register_scaffold(name, target)
+    try:
+        specs = batch.make_specs(
+            batch_id,
+            task_dirs,
+            scaffold,
+            samples=attempts,
+            attempt_limit=max_restarts,
+            agent_timeout_s=agent_timeout,
+            model=settings.model_name,
+            scaffold_options=options,
+        )
+    except UnknownScaffold as err:
+        raise typer.BadParameter(str(err), param_hint="--scaffold") from None
     console.print(f"batch [bold]{batch_id}[/]: {len(specs)} trials")
     results = asyncio.run(run_specs(settings, specs, external_worker=external_worker, title=scaffold))
     console.print(results_table(results, title=f"batch {batch_id}"))

@@ -5,6 +5,7 @@ modules and are imported only when asked for."""
 from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
 from trialflow.scaffolds.registry import (
     available_scaffolds,
+    check_scaffold,
     get_scaffold,
     register_scaffold,
     scaffold_class,
@@ -15,6 +16,7 @@ __all__ = [
     "ScaffoldContext",
     "ScaffoldResult",
     "available_scaffolds",
+    "check_scaffold",
     "get_scaffold",
     "register_scaffold",
     "scaffold_class",

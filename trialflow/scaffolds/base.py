@@ -98,6 +98,9 @@ class Scaffold(abc.ABC):
     # URLs are a forwarder inside the sandbox (http://127.0.0.1:PORT), its only way out.
     # False (an agent loop on the worker host, e.g. terminus): the proxy's own URLs.
     runs_in_sandbox: bool = True
+    # Whether it takes a `max_turns` option and reports `stop_reason="max_turns"` when it
+    # stops there (the CLIs without a turn limit are bounded by the agent timeout only).
+    supports_max_turns: bool = False
 
     def mounts(self) -> Sequence[Mount]:
         """Host paths to bind into the sandbox at creation (e.g. a host-installed CLI)."""

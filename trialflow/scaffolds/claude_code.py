@@ -133,6 +133,7 @@ class ClaudeCodeScaffold(CliScaffold):
 
     name = "claude-code"
     needs_model = True
+    supports_max_turns = True
     main_thread = "first_with_tools"  # its first call may be a tool-less title/quota call
     binary = "claude"
     candidates = BINARY_CANDIDATES

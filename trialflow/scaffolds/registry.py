@@ -3,11 +3,20 @@
 Lazy so that importing the registry never pulls in a scaffold's dependencies (and a broken
 scaffold module breaks only its own name). `get_scaffold("nope")` raises `UnknownScaffold`
 (a KeyError) listing every registered name.
+
+A name that is not registered but looks like an import path, ``"my_pkg.my_mod:MyScaffold"``,
+names a `Scaffold` subclass directly (custom scaffolds without registration; the module
+must be importable by the client that submits AND by the workers). It raises
+`UnknownScaffold` when the module or class cannot be imported, or the class is not a
+`Scaffold`, saying why. `check_scaffold(name, options)` builds the scaffold once with its
+options, so that a bad name or option fails before any trial is submitted.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+from collections.abc import Iterable
 from typing import Any
 
 from trialflow.errors import UnknownScaffold
@@ -34,20 +43,67 @@ def register_scaffold(name: str, target: str) -> None:
     _REGISTRY[name] = target
 
 
+def is_import_path(name: str) -> bool:
+    """True for ``"module.path:ClassName"`` (the form of a custom scaffold)."""
+    module, sep, cls_name = name.partition(":")
+    return bool(
+        sep and module and cls_name.isidentifier() and all(p.isidentifier() for p in module.split("."))
+    )
+
+
 def scaffold_class(name: str) -> type[Scaffold]:
-    try:
-        target = _REGISTRY[name]
-    except KeyError:
-        raise UnknownScaffold(
-            f"unknown scaffold {name!r}; available: {', '.join(available_scaffolds())}"
-        ) from None
+    if name in _REGISTRY:
+        return _load(_REGISTRY[name], registered=True)
+    if is_import_path(name):
+        return _load(name, registered=False)
+    raise UnknownScaffold(
+        f"unknown scaffold {name!r}; available: {', '.join(available_scaffolds())}, "
+        "or an import path 'my_pkg.my_mod:MyScaffold'"
+    )
+
+
+def _load(target: str, *, registered: bool) -> type[Scaffold]:
     module, _, cls_name = target.partition(":")
-    cls = getattr(importlib.import_module(module), cls_name)
+    try:
+        cls = getattr(importlib.import_module(module), cls_name)
+    except (ImportError, AttributeError) as err:
+        if registered:  # a broken built-in or plugin: a bug, not a user's typo
+            raise
+        raise UnknownScaffold(f"cannot load scaffold {target!r}: {type(err).__name__}: {err}") from None
     if not (isinstance(cls, type) and issubclass(cls, Scaffold)):
-        raise TypeError(f"{target} is not a Scaffold subclass")
+        if registered:
+            raise TypeError(f"{target} is not a Scaffold subclass")
+        raise UnknownScaffold(f"scaffold {target!r} is not a trialflow.scaffolds.Scaffold subclass")
     return cls
 
 
 def get_scaffold(name: str, **options: Any) -> Scaffold:
-    """A new instance of the scaffold registered as `name` (options go to its constructor)."""
+    """A new instance of the scaffold `name` (registered, or an import path); options go to
+    its constructor."""
     return scaffold_class(name)(**options)
+
+
+def check_scaffold(name: str, options: dict[str, Any] | None = None) -> Scaffold:
+    """The scaffold built with `options`, or `UnknownScaffold` naming what is wrong (unknown
+    name, unimportable path, options its constructor does not take or rejects)."""
+    cls = scaffold_class(name)
+    try:
+        return cls(**(options or {}))
+    except (TypeError, ValueError) as err:
+        raise UnknownScaffold(f"scaffold {name!r} does not take options {options!r}: {err}") from None
+
+
+def parse_scaffold_options(pairs: Iterable[str]) -> dict[str, Any]:
+    """``["max_turns=5", "model_kwargs={\"temperature\": 0.2}", "mode=fast"]`` -> options:
+    each VALUE is JSON when it parses, else the plain string. `ValueError` for a pair
+    without ``=`` or with an empty key."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"scaffold option {pair!r} is not KEY=VALUE")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out

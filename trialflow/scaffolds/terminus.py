@@ -119,6 +119,7 @@ class TerminusScaffold(Scaffold):
     name = "terminus"
     runs_in_sandbox = False  # the loop runs on the host; only its shell is in the sandbox
     needs_model = True
+    supports_max_turns = True
 
     def __init__(
         self,

@@ -88,6 +88,7 @@ class TrialRow(BaseModel):
     task_name: str | None = None
     split: str | None = None  # e.g. "train"/"val"; overrides the identity's validate flag in the id
     scaffold: str | None = None
+    scaffold_options: dict[str, Any] | None = None  # None: the loop config's (when the scaffold is too)
     agent_timeout_s: float | None = None
     attempt_limit: int | None = None
 
@@ -98,7 +99,8 @@ class LoopConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     run_name: str | None = None  # None: trainer.experiment_name
-    scaffold: str = "terminus"
+    scaffold: str = "terminus"  # a registered name or "my_pkg.my_mod:MyScaffold"
+    scaffold_options: dict[str, Any] = Field(default_factory=dict)  # the scaffold's constructor options
     model: str | None = None  # None: actor_rollout_ref.model.path (vLLM's default served name)
     replicas: Literal["verl", "worker"] | list[str] = "verl"  # "worker": the worker's own pool
     sampling: dict[str, Any] = Field(default_factory=dict)  # added to verl's sampling params
@@ -303,6 +305,9 @@ class TemporalAgentLoop(AgentLoopBase):
             task_path=task_path,
             task_name=row.task_name or task_path.rstrip("/").rsplit("/", 1)[-1],
             scaffold=row.scaffold or cfg.scaffold,
+            scaffold_options=row.scaffold_options
+            if row.scaffold_options is not None
+            else (cfg.scaffold_options if not row.scaffold or row.scaffold == cfg.scaffold else {}),
             sample_index=ident.sample_index,
             attempt_limit=row.attempt_limit or cfg.attempt_limit,
             agent_timeout_s=row.agent_timeout_s or cfg.agent_timeout_s,
