@@ -5,6 +5,7 @@ hermes tool calls through the tiny model's tokenizer). The task verifier grades 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -117,20 +118,25 @@ async def test_codex_solves_create_file(sandbox_for, scripted_proxy, tmp_path):
     assert "exec_command" in vllm.decode(vllm.requests[0]["prompt"])  # Codex's own tool list
 
 
-async def test_codex_against_a_closed_session_fails_its_turn(sandbox_for, scripted_proxy):
+async def test_codex_turn_refused_by_the_proxy_fails_its_turn(sandbox_for, scripted_proxy):
+    """Codex's prompt does not fit the session's context: the proxy answers the Responses
+    API's 400 `context_length_exceeded`, Codex ends its turn failed (exit 1), nothing is
+    generated."""
     scaffold = get_scaffold("codex")
     require_cli(scaffold)
     proxy, vllm = await scripted_proxy([])
+    proxy.defaults = replace(proxy.defaults, max_context_tokens=500)
     _, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, timeout_s=120)
-    await proxy.close_session(handle.session_id)  # every request now answers 404
 
     result = await scaffold.run(ctx)
 
-    assert result.exit_code != 0 and not result.timed_out, result.log
+    assert result.exit_code == 1 and not result.timed_out, result.log
     summary = summarize_codex(result.stdout)
     assert summary.failed and not summary.completed and summary.commands == 0
-    assert result.detail and "unknown session" in result.detail
+    assert result.detail, result.log
     assert vllm.requests == []
+    trajectory = await proxy.close_session(handle.session_id)
+    assert trajectory.counters.overlong >= 1 and trajectory.counters.turns == 0
 
 
 async def test_claude_code_turn_limit_is_a_nonzero_result(sandbox_for, scripted_proxy):
