@@ -226,12 +226,8 @@ async def submit(
 def _failed_result(spec: TrialSpec, err: BaseException) -> TrialResult:
     cause = getattr(err, "cause", None) or err
     cancelled = type(cause).__name__ in {"CancelledError", "TerminatedError"}
-    return TrialResult(
-        trial_id=spec.trial_id,
-        batch_id=spec.batch_id,
-        task_name=spec.task_name,
-        scaffold=spec.scaffold,
-        sample_index=spec.sample_index,
+    return TrialResult.of(
+        spec,
         termination_reason="cancelled" if cancelled else "infra_error",
         error=TrialError(type=type(cause).__name__, message=str(cause), phase="pending"),
     )

@@ -155,6 +155,19 @@ class TrialResult(BaseModel):
     result_uri: str | None = None
     error: TrialError | None = None
 
+    @classmethod
+    def of(cls, spec: TrialSpec, **fields: Any) -> TrialResult:
+        """The result of `spec`'s trial: its identity fields (trial id, batch, task, scaffold,
+        sample) from the spec, everything else from `fields`."""
+        return cls(
+            trial_id=spec.trial_id,
+            batch_id=spec.batch_id,
+            task_name=spec.task_name,
+            scaffold=spec.scaffold,
+            sample_index=spec.sample_index,
+            **fields,
+        )
+
     @property
     def failed(self) -> bool:
         """True when the trial ended by an error rather than an agent outcome."""

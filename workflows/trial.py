@@ -29,11 +29,13 @@ test in tests/workflows/ replays a recorded history against this code.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -87,6 +89,9 @@ SCAFFOLD_GRACE = timedelta(minutes=2)
 VERIFY_GRACE = timedelta(minutes=1)
 TEARDOWN_TIMEOUT = timedelta(minutes=2)
 ATTEMPT_BACKOFF = timedelta(seconds=2)
+
+InT = TypeVar("InT")
+OutT = TypeVar("OutT")
 
 _HOST_LOST = {
     TimeoutType.SCHEDULE_TO_START,
@@ -249,7 +254,6 @@ class TrialWorkflow:
             heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_s),
             retry_policy=SETUP_RETRY,
         )
-        assert isinstance(setup, SetupOutput)
         self._progress.host_queue = setup.host_queue
         # Until the scaffold reports, the attempt's checkpoints are all there is.
         tally.trajectory_uris.append(f"{setup.attempt_uri}/checkpoints/")
@@ -262,7 +266,7 @@ class TrialWorkflow:
     async def _scaffold_and_verify(
         self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput
     ) -> None:
-        host = {
+        host: dict[str, Any] = {
             "task_queue": setup.host_queue,
             "schedule_to_start_timeout": timedelta(seconds=spec.host_schedule_timeout_s),
             "heartbeat_timeout": timedelta(seconds=spec.heartbeat_timeout_s),
@@ -294,7 +298,6 @@ class TrialWorkflow:
             lose_attempt_on_retryable=True,
             **host,
         )
-        assert isinstance(scaffold, ScaffoldOutput)
         tally.scaffold = scaffold
         if scaffold.trajectory_uri:
             tally.trajectory_uris[-1] = scaffold.trajectory_uri
@@ -322,7 +325,6 @@ class TrialWorkflow:
             retry_policy=VERIFY_RETRY,
             **host,
         )
-        assert isinstance(verify, VerifyOutput)
         tally.verify = verify
 
     async def _run_phase(
@@ -330,15 +332,17 @@ class TrialWorkflow:
         phase: Phase,
         attempt: int,
         tally: _Tally,
-        activity,
-        arg,
+        activity: Callable[[Any, InT], Awaitable[OutT]],
+        arg: InT,
         *,
         summary: str,
         lose_attempt_on_retryable: bool = False,
-        **options,
-    ):
+        **options: Any,
+    ) -> OutT:
         """Run one activity, time it, and map its failure onto the attempt/trial rules.
-        `summary` labels the activity in the Temporal UI (see `activity_summary`)."""
+        `summary` labels the activity in the Temporal UI (see `activity_summary`). Typed
+        by the activity method, so callers need no runtime type checks (an assert failing
+        in a workflow is a workflow-task failure that Temporal retries forever)."""
         started = workflow.now()
         try:
             return await workflow.execute_activity_method(activity, arg, summary=summary, **options)
@@ -398,7 +402,7 @@ class TrialWorkflow:
         """Clients set these at start; a workflow started elsewhere gets them here."""
         if workflow.info().typed_search_attributes.get(SearchAttributeKey.for_keyword(SA_BATCH)):
             return
-        updates = [
+        updates: list[SearchAttributeUpdate[Any]] = [
             SearchAttributeKey.for_keyword(SA_BATCH).value_set(spec.batch_id),
             SearchAttributeKey.for_keyword(SA_TASK).value_set(spec.task_name),
             SearchAttributeKey.for_keyword(SA_SCAFFOLD).value_set(spec.scaffold),
@@ -419,12 +423,8 @@ class TrialWorkflow:
             termination = scaffold.termination_reason if scaffold else "infra_error"
         if error is None and scaffold is not None:
             error = scaffold.error
-        return TrialResult(
-            trial_id=spec.trial_id,
-            batch_id=spec.batch_id,
-            task_name=spec.task_name,
-            scaffold=spec.scaffold,
-            sample_index=spec.sample_index,
+        return TrialResult.of(
+            spec,
             rewards=verify.rewards if verify else {},
             reward=verify.reward if verify else 0.0,
             reward_valid=verify.reward_valid if verify else False,

@@ -107,12 +107,8 @@ class StepBatch:
 
 def cancelled_result(spec: TrialSpec, message: str) -> TrialResult:
     """The record of a trial we cancelled and that never reported back."""
-    return TrialResult(
-        trial_id=spec.trial_id,
-        batch_id=spec.batch_id,
-        task_name=spec.task_name,
-        scaffold=spec.scaffold,
-        sample_index=spec.sample_index,
+    return TrialResult.of(
+        spec,
         termination_reason="cancelled",
         error=TrialError(type="StragglerCancelled", message=message, phase="pending"),
     )
