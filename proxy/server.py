@@ -68,7 +68,7 @@ from aiohttp import web
 from proxy import anthropic_api, jsonio, openai_api, responses_api
 from proxy.chat import ChatRequest, TurnOutcome
 from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError
-from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS
+from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, check_parsers
 from proxy.pool import ReplicaPool, SharedPools, replica_url
 from proxy.prefix_cache import PrefixCache
 from proxy.profiles import ModelProfile, UnsupportedTemplate, detect_profile, load_generation_eos
@@ -182,6 +182,14 @@ class ProxyServer:
             tokenizer, generation_eos=load_generation_eos(source_dir or None), overrides=profile
         )
         _check_parsers(self.profile, self.defaults)
+        # the parsers the defaults resolve to are made once (harmony without its vocabulary
+        # fails here, at start-up, not in every session)
+        check_parsers(
+            self.profile.reasoning_parser
+            if self.defaults.reasoning_parser == "auto"
+            else self.defaults.reasoning_parser,
+            self.profile.tool_parser if self.defaults.tool_parser == "auto" else self.defaults.tool_parser,
+        )
         log.info("model profile: %s", self.profile)
         # one per proxy: every session renders with the same tokenizer and template
         self.prefix_cache = PrefixCache(self.profile.header_boundary or tokenizer.eos_token)

@@ -47,7 +47,16 @@ from proxy.backend import CompletionRequest
 from proxy.chat import ChatRequest, FinishReason, SamplingParams, TurnOutcome
 from proxy.checkpoint import CheckpointSink
 from proxy.errors import ContextExhausted, InvalidRequest, NotFound, ReplayDiverged, ReplicaUnavailable
-from proxy.parsers import parse_output
+from proxy.parsers import (
+    HarmonyUnavailable,
+    OutputDecoder,
+    check_parsers,
+    markup_of,
+    parse_output,
+    starts_inside_reasoning,
+    strip_text_suffix,
+    text_of,
+)
 from proxy.pool import ReplicaPool
 from proxy.prefix_cache import PrefixCache
 from proxy.profiles import ModelProfile
@@ -59,6 +68,8 @@ from proxy.wire import MessageMemo
 log = logging.getLogger(__name__)
 
 _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}
+# How many prompt ids the reasoning parser looks at to tell whether the prompt opened thinking.
+_PROMPT_TAIL = 16
 
 
 @dataclass(frozen=True)
@@ -154,6 +165,11 @@ class SessionConfig:
             overrides = _typed(body["profile"], dict, "profile")
             ModelProfile().with_overrides(overrides)  # field names and types, checked now (400)
             out = replace(out, profile=overrides)
+        if "reasoning_parser" in body or "tool_parser" in body:
+            try:
+                check_parsers(*(None if v == "auto" else v for v in (out.reasoning_parser, out.tool_parser)))
+            except (KeyError, ValueError, HarmonyUnavailable) as exc:
+                raise ValueError(exc.args[0]) from None
         if "main_thread" in body:
             rule = _typed(body["main_thread"], str, "main_thread")
             if rule not in ("first", "first_with_tools"):
@@ -196,14 +212,6 @@ class Session:
         # The weights version the replicas serve now; a weight sync moves it (set_policy_version),
         # and a turn running across the change records both ends.
         self.policy_version: int | None = config.policy_version
-        # The Rust decoder directly: transformers' decode() walks every id in Python first
-        # (~3x slower per turn), and the raw text is what the parsers must see anyway.
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._decode: Callable[[list[int]], str] = (
-            (lambda ids: backend.decode(ids, skip_special_tokens=True))
-            if backend is not None
-            else (lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
-        )
         self.tracker = ConversationTracker(
             tokenizer,
             session_id=session_id,
@@ -238,8 +246,12 @@ class Session:
         self._replay_end_logged = False
         if self.replayer is not None:
             self._note_replay_status()
-        # Resolve parser names now, so a typo fails at session creation, not mid-trial.
-        parse_output("", reasoning=self.reasoning_parser, tools=self.tool_parser)
+        # Make the parsers once now, so a missing dependency (harmony's vocabulary) fails at
+        # session creation, not mid-trial.
+        check_parsers(self.reasoning_parser, self.tool_parser)
+        # Markup tokens stay apart from text (proxy.parsers._pieces): GLM and harmony markup is
+        # special, so a decode skipping special tokens would hide it from the parsers.
+        self._decoder = OutputDecoder(tokenizer, markup_of(self.reasoning_parser, self.tool_parser))
 
     @property
     def trajectory(self) -> Trajectory:
@@ -318,22 +330,25 @@ class Session:
                 sampling=sampling,
             ),
         )
-        text = self._decode(gen.token_ids)
+        pieces = self._decoder.decode(gen.token_ids)
         ended_on_eos = bool(gen.token_ids) and gen.token_ids[-1] in self.tracker.stop_ids
         stop_sequence = None
         if gen.finish_reason == "stop" and not ended_on_eos:
-            stop_sequence = _matched_stop(text, sampling.stop)
+            stop_sequence = _matched_stop(text_of(pieces), sampling.stop)
         if stop_sequence:
             # vLLM includes the stop string (the record keeps it); clients must not see it.
-            text = text[: -len(stop_sequence)]
+            pieces = strip_text_suffix(pieces, stop_sequence)
         id_turn = self._id_turn(turn)
         new_tool_call_id = new_tool_call_id or ids.tool_call_ids(request.protocol, self.id_seed, id_turn)
         parsed = parse_output(
-            text,
+            pieces,
             reasoning=self.reasoning_parser,
             tools=self.tool_parser,
             tool_call_id_factory=new_tool_call_id,
             tool_specs=request.tools,
+            started_inside_reasoning=starts_inside_reasoning(
+                self._decoder.decode(prepared.prompt_ids[-_PROMPT_TAIL:]), self.reasoning_parser
+            ),
         )
         finish: FinishReason = (
             "tool_calls" if parsed.tool_calls and gen.finish_reason == "stop" else gen.finish_reason

