@@ -154,6 +154,8 @@ class ScaffoldActivities:
             termination_reason=termination,
             turns=trajectory.counters.turns if trajectory else 0,
             tool_calls=trajectory.counters.tool_calls if trajectory else 0,
+            rewrites_client=trajectory.counters.rewrites_client if trajectory else 0,
+            rewrites_template=trajectory.counters.rewrites_template if trajectory else 0,
             prompt_tokens=counts[0],
             response_tokens=counts[1],
             trajectory_uri=trajectory_uri,

@@ -96,7 +96,8 @@ def counters_text(trajectory: Trajectory) -> Text:
     c = trajectory.counters
     return Text(
         f"counters: turns {c.turns}  tool calls {c.tool_calls}  parse failures {c.parse_failures}  "
-        f"overlong {c.overlong}  aborts resumed {c.aborts_resumed}"
+        f"overlong {c.overlong}  aborts resumed {c.aborts_resumed}  "
+        f"rewrites: client {c.rewrites_client} template {c.rewrites_template}"
     )
 
 

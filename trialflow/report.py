@@ -139,6 +139,8 @@ def render_report(
         ("mean reward (valid)", f"{statistics.fmean(rewards):.3f}" if rewards else "-"),
         ("solved (reward >= 1)", sum(1 for x in rewards if x >= 1.0)),
         ("cancelled by straggler policy", len(cut)),
+        ("new segments: client rewrites", sum(r.rewrites_client for r in results)),
+        ("new segments: template-forced", sum(r.rewrites_template for r in results)),
     ]
     phase_rows = []
     for p, vals in timings.items():
@@ -168,6 +170,7 @@ def render_report(
             r.termination_reason + (" (cut)" if r.trial_id in cut else ""),
             f"{r.reward:.3f}" if r.reward_valid else "invalid",
             r.turns,
+            f"{r.rewrites_client}/{r.rewrites_template}",
             r.prompt_tokens,
             r.response_tokens,
             f"{sum(r.timings.values()):.1f}",
@@ -202,13 +205,14 @@ def render_report(
                 "termination",
                 "reward",
                 "turns",
+                "rewrites client/template",
                 "prompt tok",
                 "response tok",
                 "time s",
                 "error",
             ),
             trial_rows,
-            numeric={4, 5, 6, 7, 8},
+            numeric={4, 5, 7, 8, 9},
         ),
     ]
     return (

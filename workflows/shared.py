@@ -148,6 +148,10 @@ class TrialResult(BaseModel):
     tool_calls: int = 0
     prompt_tokens: int = 0
     response_tokens: int = 0
+    # New segments the scaffold forced by rewriting its history vs ones the chat template forced
+    # (proxy.trajectory.Counters); verl's rewritten_segments="drop" discards both kinds.
+    rewrites_client: int = 0
+    rewrites_template: int = 0
     timings: dict[str, float] = Field(default_factory=dict)  # phase -> seconds (summed over attempts)
     attempts: int = 0
     trajectory_uris: list[str] = Field(default_factory=list)  # one per attempt, oldest first
@@ -229,6 +233,8 @@ class ScaffoldOutput(BaseModel):
     termination_reason: Termination
     turns: int = 0
     tool_calls: int = 0
+    rewrites_client: int = 0
+    rewrites_template: int = 0
     prompt_tokens: int = 0
     response_tokens: int = 0
     trajectory_uri: str | None = None

@@ -432,6 +432,8 @@ class TrialWorkflow:
             termination_reason=termination,
             turns=scaffold.turns if scaffold else self._progress.turns,
             tool_calls=scaffold.tool_calls if scaffold else 0,
+            rewrites_client=scaffold.rewrites_client if scaffold else 0,
+            rewrites_template=scaffold.rewrites_template if scaffold else 0,
             prompt_tokens=scaffold.prompt_tokens if scaffold else self._progress.prompt_tokens,
             response_tokens=scaffold.response_tokens if scaffold else self._progress.response_tokens,
             timings=tally.timings,

@@ -176,3 +176,33 @@ def test_llama_raises_on_parallel_calls_and_ends_builtin_turns_with_eom(toks):
     assert out.endswith('<|python_tag|>brave_search.call(query="x")<|eom_id|>')
     assert "Tools: brave_search, wolfram_alpha" in out
     assert _render(tok, one).endswith("<|eot_id|>")
+
+
+def test_rewrite_counts_reach_the_report_inspect_and_verl_fields():
+    """Client vs template-forced rewrites are shown apart wherever trials are looked at."""
+    from proxy.trajectory import Trajectory
+    from trialflow.inspection import counters_text
+    from trialflow.report import render_report
+    from trialflow.verl.convert import ConvertConfig, convert_trial, extra_fields
+    from workflows.shared import TrialResult
+
+    result = TrialResult(
+        trial_id="t1",
+        batch_id="b",
+        task_name="task",
+        scaffold="s",
+        sample_index=0,
+        termination_reason="submitted",
+        rewrites_client=2,
+        rewrites_template=1,
+    )
+    doc = render_report([result], title="b")
+    assert 'new segments: client rewrites</td><td class="num">2' in doc
+    assert 'new segments: template-forced</td><td class="num">1' in doc
+    assert ">2/1<" in doc
+    traj = Trajectory(session_id="s")
+    traj.counters.rewrites_client, traj.counters.rewrites_template = 2, 1
+    assert "rewrites: client 2 template 1" in counters_text(traj).plain
+    converted = convert_trial(None, result, ConvertConfig(prompt_length=8, response_length=8))
+    fields = extra_fields(converted, converted.primary, result)
+    assert (fields["rewrites_client"], fields["rewrites_template"]) == (2, 1)

@@ -259,6 +259,10 @@ def extra_fields(converted: ConvertedTrial, sample: LoopSample, result: TrialRes
         "result_uri": result.result_uri,
         "trial_error": result.error.type if result.error is not None else None,
         "trial_timings": dict(result.timings),
+        # New segments forced by the scaffold's rewrites vs by the chat template (the latter
+        # should be 0 for a family the proxy extends; see docs/verl.md on what "drop" discards)
+        "rewrites_client": result.rewrites_client,
+        "rewrites_template": result.rewrites_template,
         "segment": sample.segment,
         "segment_kind": sample.kind,
         "masked": converted.masked or sample.kind == "empty",
