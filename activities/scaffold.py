@@ -54,6 +54,7 @@ from workflows.shared import (
 
 if TYPE_CHECKING:  # the proxy stack is optional: model-free workers never load it
     from proxy.server import ProxyServer, SessionHandle
+    from proxy.session import SessionStats
     from trialflow.sandbox.base import Sandbox
 
 log = logging.getLogger(__name__)
@@ -261,12 +262,12 @@ class _LiveBeat:
             log.debug("scaffold heartbeat not sent: %s", err)
 
 
-def live_counts(stats: dict[str, Any]) -> dict[str, int]:
+def live_counts(stats: SessionStats) -> dict[str, int]:
     """Heartbeat fields from the proxy's live session stats."""
     return {
-        "turns": int(stats.get("turns", 0)),
-        "prompt_tokens": int(stats.get("prompt_tokens", 0)),
-        "response_tokens": int(stats.get("completion_tokens", 0)),
+        "turns": stats.turns,
+        "prompt_tokens": stats.prompt_tokens,
+        "response_tokens": stats.completion_tokens,
     }
 
 

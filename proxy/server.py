@@ -59,7 +59,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, check_parsers
 from proxy.pool import ReplicaPool, SharedPools, replica_url
 from proxy.prefix_cache import PrefixCache
 from proxy.profiles import ModelProfile, UnsupportedTemplate, detect_profile, load_generation_eos
-from proxy.session import Session, SessionConfig
+from proxy.session import Session, SessionConfig, SessionStats
 from proxy.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -345,7 +345,7 @@ class ProxyServer:
         host, port = sock.getsockname()[:2]
         return f"http://{host}:{port}"
 
-    def session_stats(self, session_id: str) -> dict[str, Any]:
+    def session_stats(self, session_id: str) -> SessionStats:
         entry = self._sessions.get(session_id)
         if entry is None:
             raise NotFound(f"unknown session {session_id}")
@@ -465,7 +465,7 @@ class ProxyServer:
 
     @_management
     async def _stats(self, request: web.Request) -> web.Response:
-        return _json_response(self.session_stats(self._session_with_secret(request)))
+        return _json_response(asdict(self.session_stats(self._session_with_secret(request))))
 
     @_management
     async def _close(self, request: web.Request) -> web.Response:

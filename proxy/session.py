@@ -190,6 +190,26 @@ def _typed(value: Any, kind: type, name: str) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class SessionStats:
+    """A session's live counters (`Session.stats()`; `GET /sessions/{id}` answers them as a
+    JSON object with these keys). Token counts sum every turn's whole prompt and output."""
+
+    session_id: str
+    turns: int
+    segments: int
+    prompt_tokens: int
+    completion_tokens: int
+    counters: dict[str, Any]  # the trajectory's counters (`TrajectoryCounters`)
+    overlong: bool
+    busy: bool
+    closed: bool
+    checkpoints_written: int
+    checkpoint_failures: int
+    replayed_turns: int
+    metadata: dict[str, Any]
+
+
 class Session:
     """One trial attempt. Created by ``ProxyServer.open_session``; see module docstring."""
 
@@ -483,23 +503,23 @@ class Session:
         self.pool.forget(self.id)
         return self.trajectory
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> SessionStats:
         t = self.trajectory
-        return {
-            "session_id": self.id,
-            "turns": t.counters.turns,
-            "segments": len(t.segments),
-            "prompt_tokens": sum(r.prompt_tokens for r in t.turns),
-            "completion_tokens": sum(r.completion_tokens for r in t.turns),
-            "counters": asdict(t.counters),
-            "overlong": self.overlong,
-            "busy": self.busy,
-            "closed": self.closed,
-            "checkpoints_written": self.checkpoints_written,
-            "checkpoint_failures": self.checkpoint_failures,
-            "replayed_turns": t.counters.replayed,
-            "metadata": dict(t.metadata),
-        }
+        return SessionStats(
+            session_id=self.id,
+            turns=t.counters.turns,
+            segments=len(t.segments),
+            prompt_tokens=sum(r.prompt_tokens for r in t.turns),
+            completion_tokens=sum(r.completion_tokens for r in t.turns),
+            counters=asdict(t.counters),
+            overlong=self.overlong,
+            busy=self.busy,
+            closed=self.closed,
+            checkpoints_written=self.checkpoints_written,
+            checkpoint_failures=self.checkpoint_failures,
+            replayed_turns=t.counters.replayed,
+            metadata=dict(t.metadata),
+        )
 
     @staticmethod
     def summary(t: Trajectory) -> dict[str, Any]:

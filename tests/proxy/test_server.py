@@ -101,8 +101,8 @@ async def test_wrong_secret_and_unknown_routes_are_404_in_protocol_shape(tok):
             r = await http.get(h.anthropic_base_url + "/v1/models", headers=ANTHROPIC)
             assert (await r.json())["data"][0]["type"] == "model"
         assert (
-            srv.session_stats(h.session_id)["turns"] == 0
-            and srv.session_stats(other.session_id)["turns"] == 0
+            srv.session_stats(h.session_id).turns == 0
+            and srv.session_stats(other.session_id).turns == 0
         )
     assert dbl.requests == []
 
@@ -171,7 +171,7 @@ async def test_stream_errors_keep_status_when_fast_and_become_events_when_late(t
                 r = await http.post(h.anthropic_base_url + "/v1/messages", json=long, headers=ANTHROPIC)
                 body = await r.json()
                 assert r.status == 400 and "prompt is too long" in body["error"]["message"]
-                assert srv.session_stats(h.session_id)["overlong"]
+                assert srv.session_stats(h.session_id).overlong
                 # Late failure (the only replica answers 500 after the stream began): an error event.
                 ok = srv.open_session(SessionConfig(model="scripted"))  # limit learned from /v1/models
                 r = await http.post(
@@ -181,10 +181,10 @@ async def test_stream_errors_keep_status_when_fast_and_become_events_when_late(t
                 assert r.status == 200 and _events(raw)[0] == "ping" and _events(raw)[-1] == "error"
                 assert '"overloaded_error"' in raw
                 # The failed turn recorded nothing; the session goes on.
-                assert srv.session_stats(ok.session_id)["turns"] == 0
+                assert srv.session_stats(ok.session_id).turns == 0
                 r = await http.post(ok.openai_base_url + "/chat/completions", json=dict(CHAT, stream=True))
                 assert r.status == 200 and '"content":"OK"' in await r.text()
-                assert srv.session_stats(ok.session_id)["turns"] == 1
+                assert srv.session_stats(ok.session_id).turns == 1
 
 
 async def test_sessions_are_isolated_and_checkpointed(tok):
@@ -223,7 +223,7 @@ async def test_concurrent_requests_in_one_session_are_serialised(tok):
                 return r.status
 
             assert await asyncio.gather(ask("a"), ask("b"), ask("c")) == [200, 200, 200]
-        assert srv.session_stats(h.session_id)["turns"] == 3
+        assert srv.session_stats(h.session_id).turns == 3
     spans = sorted(dbl.timings)
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))
 
@@ -258,7 +258,7 @@ async def test_client_leaving_mid_stream_does_not_lose_the_turn(tok):
             r.close()
         await asyncio.sleep(1.0)
         stats = srv.session_stats(h.session_id)
-    assert stats["turns"] == 1 and stats["completion_tokens"] > 0
+    assert stats.turns == 1 and stats.completion_tokens > 0
 
 
 async def test_weight_sync_mid_turn_widens_the_policy_version_range(tok):
@@ -349,7 +349,7 @@ async def test_lone_surrogates_are_a_400_not_a_failed_turn(tok):
                 headers={"Content-Type": "application/json"},
             )
             assert r.status == 400 and "surrogate" in (await r.json())["error"]["message"]
-        assert not dbl.requests and srv.session_stats(h.session_id)["turns"] == 0
+        assert not dbl.requests and srv.session_stats(h.session_id).turns == 0
 
 
 async def test_sessions_naming_replicas_share_one_pool_and_its_health(tok):

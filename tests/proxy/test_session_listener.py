@@ -35,8 +35,8 @@ async def test_bound_listener_serves_its_session_and_nothing_else(tok):
             assert r.status == 200 and (await r.json())["content"][0]["text"] == "one"
             r = await http.post(f"{base}/v1/chat/completions", json=CHAT)
             assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] == "two"
-            assert srv.session_stats(mine.session_id)["turns"] == 2
-            assert srv.session_stats(other.session_id)["turns"] == 0
+            assert srv.session_stats(mine.session_id).turns == 2
+            assert srv.session_stats(other.session_id).turns == 0
             # No management route, no other session's path, no way to the main app.
             for method, path in (
                 ("POST", "/sessions"),
