@@ -16,8 +16,9 @@ from temporalio import activity
 
 from activities._support import heartbeat_interval, heartbeating, typed_errors
 from trialflow.errors import SandboxLost
+from trialflow.healthcheck import run_healthcheck
 from trialflow.metrics import TrialMetrics
-from trialflow.sandbox.base import SandboxBackend
+from trialflow.sandbox.base import ExecResult, SandboxBackend
 from trialflow.scaffolds import get_scaffold
 from trialflow.storage import TrialKeys
 from trialflow.tasks import load_task
@@ -68,6 +69,13 @@ class SandboxActivities:
                 )
                 try:
                     await sandbox.start()
+                    hc = task.config.environment.healthcheck
+                    if hc is not None:  # Harbor gates the agent on it; see trialflow.healthcheck
+
+                        async def one_try(cmd: str, timeout_s: float, sb=sandbox) -> ExecResult:
+                            return await sb.exec(["sh", "-c", cmd], timeout_s=timeout_s)
+
+                        await run_healthcheck(hc, one_try)
                 except BaseException:
                     await sandbox.stop()
                     raise

@@ -5,13 +5,17 @@
     TrialflowError                      base; `retryable` says whether Temporal may retry
     ├── TaskError                       the task directory itself is unusable      (never retried)
     │   ├── TaskInvalid                 bad/missing file or field; names `file` and `field`
-    │   └── UnsupportedEnvironment      e.g. environment/docker-compose.yaml
+    │   ├── UnsupportedEnvironment      environment/docker-compose.yaml (refused before anything is built)
+    │   ├── UnsupportedFeature          task.toml asks for what trialflow does not do; lists each one
+    │   └── TaskEnvMissing              [environment].env `${VAR}` with VAR unset on the host, no default
     ├── SandboxError
     │   ├── ImageBuildFailed            the Dockerfile does not build; carries the log tail (never retried)
     │   │   └── ImageBuildTimeout       build ran past [environment].build_timeout_sec  (retried: slow host)
     │   ├── ImageUnavailable            [environment].docker_image is not present locally (never retried)
     │   ├── BaseImageUnavailable        a local base image (FROM trialflow-base) could not be made (retried)
     │   ├── SandboxStartFailed          container could not be created/started        (retried)
+    │   ├── EntrypointExited            the image's ENTRYPOINT ended the container at start (never retried)
+    │   ├── HealthcheckFailed           [environment.healthcheck] failed by Harbor's rules (never retried)
     │   ├── SandboxLost                 container or engine vanished mid-trial         (retried)
     │   └── SandboxPathNotFound         download() of a path that does not exist      (never retried)
     ├── VerifierError                   classification of a VerifierResult, not raised by the verifier
@@ -75,6 +79,20 @@ class UnsupportedEnvironment(TaskError):
     """The task asks for an environment kind this pipeline cannot run."""
 
 
+class UnsupportedFeature(TaskError):
+    """task.toml uses features trialflow refuses (docs/harbor.md); `features` holds one
+    sentence per feature, each naming its field."""
+
+    def __init__(self, task_dir: str, features: list[str]) -> None:
+        self.task_dir = task_dir
+        self.features = list(features)
+        super().__init__(f"unsupported task {task_dir}: " + "; ".join(self.features))
+
+
+class TaskEnvMissing(TaskError):
+    """An env value `${VAR}` names a host variable that is unset and has no `:-default`."""
+
+
 class SandboxError(TrialflowError):
     """Failures of the sandbox layer (image, container, engine)."""
 
@@ -111,6 +129,18 @@ class SandboxStartFailed(SandboxError):
     """The container could not be created or started (engine hiccup, resource limits)."""
 
     retryable = True
+
+
+class EntrypointExited(SandboxError):
+    """The image's ENTRYPOINT exited at start, taking the container with it (the task's fault)."""
+
+    retryable = False
+
+
+class HealthcheckFailed(SandboxError):
+    """[environment.healthcheck] failed `retries` consecutive times after its start period."""
+
+    retryable = False
 
 
 class SandboxLost(SandboxError):

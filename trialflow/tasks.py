@@ -3,34 +3,26 @@
 Layout (Harbor format)::
 
     task-name/
-      task.toml              config (below); every section optional
-      instruction.md         the prompt given to the agent (required, non-empty)
+      task.toml              config: `trialflow.task_config.TaskConfig` (Harbor 0.25's schema)
+      instruction.md         the prompt given to the agent (required, non-empty; leading
+                             canary lines are stripped, as Harbor does)
       environment/Dockerfile image to build (required unless [environment].docker_image)
-      tests/test.sh          verifier entry point (required); writes /logs/verifier/reward.{txt,json}
+      tests/test.sh          verifier entry point (required); writes /logs/verifier/reward.{json,txt}
       solution/solve.sh      reference solution (optional; the `oracle` scaffold needs it)
 
-task.toml (Harbor's models, plus `workdir`)::
-
-    version = "1.0"                 # also accepted as schema_version
-    [task]      name = "org/name", description, authors = [{name, email}], keywords   (optional)
-    [metadata]  free-form: author_name, difficulty, category, tags, ...
-    [verifier]  timeout_sec = 600.0, env = {}, user = None (str or uid)
-    [agent]     timeout_sec = None (no limit of its own), user = None
-    [environment] build_timeout_sec = 600.0, docker_image = None, cpus = 1, memory_mb = 2048,
-                  storage_mb = 10240, workdir = None, env = {}
-                  (deprecated `memory = "2G"` / `storage = "10G"` are converted to *_mb)
-    [solution]  env = {}
+Order of checks (so the first error is the one that matters): the directory exists; no
+compose file (`UnsupportedEnvironment`: refused before anything is built); task.toml parses
+and validates as Harbor's schema (`TaskInvalid` naming the field); no feature trialflow
+refuses (`UnsupportedFeature`, every one listed: `unsupported_features`); then the files.
 
 Edge cases:
 - Unknown keys anywhere are kept (pydantic `extra="allow"`), listed in `Task.unknown_keys`
-  as dotted paths and logged once at load; they never fail a load. Harbor fields we do not
-  act on (gpus, allow_internet, network_mode, healthcheck, mcp_servers ...) land there too.
-- Any invalid input raises `TaskInvalid(file=..., field=...)`; `environment/docker-compose.yaml`
-  (or .yml) raises `UnsupportedEnvironment`.
+  as dotted paths and logged once at load; they never fail a load (Harbor drops them).
 - `Task.env_hash` hashes only environment/ (the image cache key: editing tests does not
   rebuild); `Task.content_hash` hashes the whole task. Both are stable across machines:
   sorted relative paths, file bytes and the executable bit; mtimes and owners are ignored;
   `__pycache__` dirs and `*.pyc` files are skipped.
+- docs/harbor.md lists every task.toml field: as in Harbor, or refused with its message.
 """
 
 from __future__ import annotations
@@ -39,20 +31,32 @@ import hashlib
 import logging
 import math
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from trialflow.errors import TaskEnvMissing, TaskInvalid, UnsupportedEnvironment, UnsupportedFeature
+from trialflow.task_config import (
+    MAIN_SERVICE,
+    TaskConfig,
+    TaskOS,
+    VerifierEnvironmentMode,
+    parse_size_mb,
 )
 
-from trialflow.errors import TaskInvalid, UnsupportedEnvironment
+__all__ = [
+    "Task",
+    "TaskConfig",
+    "hash_tree",
+    "load_task",
+    "parse_size_mb",
+    "resolve_env",
+    "strip_canary",
+    "unsupported_features",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,125 +66,27 @@ DOCKERFILE = "environment/Dockerfile"
 TEST_SCRIPT = "tests/test.sh"
 SOLVE_SCRIPT = "solution/solve.sh"
 COMPOSE_FILES = ("environment/docker-compose.yaml", "environment/docker-compose.yml")
+# Harbor's template: the WHOLE value is `${VAR}` or `${VAR:-default}`; anything else is literal.
+_ENV_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-def _positive(cls: type, v: float | None) -> float | None:
-    if v is not None and (not math.isfinite(v) or v <= 0):
-        raise ValueError("must be a positive finite number")
-    return v
-
-
-def parse_size_mb(size: str) -> int:
-    """'2G' -> 2048, '512M' -> 512, '1024K' -> 1. Case-insensitive; an optional trailing
-    'B' ('2GB') is accepted. Raises ValueError for anything else or a non-positive size."""
-    s = size.strip().upper().removesuffix("B")
-    factors = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
-    if not s or s[-1] not in factors:
-        raise ValueError(f"invalid size {size!r}; expected like '2G', '512M'")
-    try:
-        mb = int(float(s[:-1]) * factors[s[-1]])
-    except ValueError:
-        raise ValueError(f"invalid size {size!r}; expected like '2G', '512M'") from None
-    if mb <= 0:
-        raise ValueError(f"size {size!r} is not positive")
-    return mb
-
-
-class Author(_Section):
-    name: str
-    email: str | None = None
-
-
-class PackageInfo(_Section):
-    name: str
-    description: str = ""
-    authors: list[Author] = Field(default_factory=list)
-    keywords: list[str] = Field(default_factory=list)
-
-
-class VerifierConfig(_Section):
-    timeout_sec: float = 600.0
-    env: dict[str, str] = Field(default_factory=dict)
-    user: str | int | None = None
-
-    _check_timeout = field_validator("timeout_sec")(_positive)
-
-
-class AgentConfig(_Section):
-    timeout_sec: float | None = None
-    user: str | int | None = None
-
-    _check_timeout = field_validator("timeout_sec")(_positive)
-
-
-class EnvironmentConfig(_Section):
-    build_timeout_sec: float = 600.0
-    docker_image: str | None = None
-    cpus: float = 1.0
-    memory_mb: int = Field(default=2048, gt=0)
-    storage_mb: int = Field(default=10240, gt=0)
-    workdir: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    # Deprecated Harbor spellings; converted to *_mb and cleared.
-    memory: str | None = Field(default=None, exclude=True)
-    storage: str | None = Field(default=None, exclude=True)
-
-    _check_timeout = field_validator("build_timeout_sec", "cpus")(_positive)
-
-    @field_validator("workdir")
-    @classmethod
-    def _absolute_workdir(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("must be an absolute path")
-        return v
-
-    @field_validator("memory", "storage")
-    @classmethod
-    def _size(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_size_mb(v)
-        return v
-
-    @model_validator(mode="after")
-    def _convert_deprecated(self) -> EnvironmentConfig:
-        if self.memory is not None:
-            self.memory_mb, self.memory = parse_size_mb(self.memory), None
-        if self.storage is not None:
-            self.storage_mb, self.storage = parse_size_mb(self.storage), None
-        return self
-
-
-class SolutionConfig(_Section):
-    env: dict[str, str] = Field(default_factory=dict)
-
-
-class TaskConfig(_Section):
-    version: str = "1.0"
-    task: PackageInfo | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
-    agent: AgentConfig = Field(default_factory=AgentConfig)
-    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
-    solution: SolutionConfig = Field(default_factory=SolutionConfig)
-    source: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _schema_version_alias(cls, data: Any) -> Any:
-        # Newer Harbor renamed `version` to `schema_version`; accept both.
-        if isinstance(data, dict) and "schema_version" in data and "version" not in data:
-            data = {**data, "version": data["schema_version"]}
-            del data["schema_version"]
-        return data
-
-    @field_validator("version", mode="before")
-    @classmethod
-    def _version_str(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, (int, float)) else v
+def resolve_env(env: dict[str, str], host_env: Any = None) -> dict[str, str]:
+    """Harbor's `resolve_env_vars`: a value that is exactly `${VAR}` / `${VAR:-default}` takes
+    the host's VAR when it is set (even to ""), else the default; a `${VAR}` with neither
+    raises `TaskEnvMissing`. Text around a template (`x-${VAR}`) makes the value literal."""
+    host = os.environ if host_env is None else host_env
+    out = {}
+    for key, value in env.items():
+        m = _ENV_TEMPLATE.fullmatch(value)
+        if m is None:
+            out[key] = value
+        elif m.group(1) in host:
+            out[key] = host[m.group(1)]
+        elif m.group(2) is not None:
+            out[key] = m.group(2)
+        else:
+            raise TaskEnvMissing(f"Environment variable '{m.group(1)}' not found in host environment")
+    return out
 
 
 def unknown_keys(model: BaseModel, prefix: str = "") -> list[str]:
@@ -195,6 +101,66 @@ def unknown_keys(model: BaseModel, prefix: str = "") -> list[str]:
                 if isinstance(item, BaseModel):
                     out.extend(unknown_keys(item, f"{prefix}{name}[{i}]."))
     return out
+
+
+def unsupported_features(config: TaskConfig) -> list[str]:
+    """What this task asks for that trialflow does not do, one sentence each (empty: none).
+    Also values Harbor accepts but that cannot mean anything (a timeout of 0)."""
+    env, out = config.environment, []
+    if env.os != TaskOS.LINUX:
+        out.append(f"[environment].os = {env.os.value!r}: only Linux containers run here")
+    if env.gpus:
+        out.append(f"[environment].gpus = {env.gpus}: sandboxes get no GPUs")
+    if env.tpu is not None:
+        out.append("[environment].tpu: sandboxes get no TPUs")
+    if env.mcp_servers:
+        names = ", ".join(s.name for s in env.mcp_servers)
+        out.append(f"[[environment.mcp_servers]] ({names}): MCP servers are not passed to scaffolds")
+    if env.skills_dir is not None:
+        out.append("[environment].skills_dir: skills are not copied into scaffolds' config")
+    if config.steps:
+        out.append(f"[[steps]] ({len(config.steps)} steps): multi-step tasks are not supported")
+    if config.verifier_mode == VerifierEnvironmentMode.SEPARATE:
+        out.append(
+            "[verifier].environment_mode = 'separate' / [verifier.environment]: the verifier "
+            "runs in the agent's sandbox only"
+        )
+    if config.verifier.collect:
+        out.append("[[verifier.collect]]: collect hooks need compose services, which are refused")
+    for a in config.artifact_entries():
+        if a.service not in (None, MAIN_SERVICE):
+            out.append(
+                f"artifacts: source {a.source!r} from service {a.service!r}: compose services are refused"
+            )
+    for where, value in (
+        ("[agent].timeout_sec", config.agent.timeout_sec),
+        ("[verifier].timeout_sec", config.verifier.timeout_sec),
+        ("[environment].build_timeout_sec", env.build_timeout_sec),
+        ("[environment].cpus", env.cpus),
+        ("[environment].memory_mb", env.memory_mb),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            out.append(f"{where} = {value}: must be a positive number")
+    if env.workdir is not None and not env.workdir.startswith("/"):
+        out.append(f"[environment].workdir = {env.workdir!r}: must be an absolute path")
+    if env.healthcheck is not None and env.healthcheck.timeout_sec <= 0:
+        out.append("[environment.healthcheck].timeout_sec: must be a positive number")
+    return out
+
+
+_CANARY = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
+
+
+def strip_canary(text: str) -> str:
+    """Leading canary lines (data-provenance markers) and the blank lines after them are
+    removed from the instruction, as Harbor does: the agent never sees them."""
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines) and _CANARY.match(lines[i].strip()):
+        i += 1
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    return "\n".join(lines[i:])
 
 
 class Task(BaseModel):
@@ -264,7 +230,8 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     for compose in COMPOSE_FILES:
         if (root / compose).exists():
             raise UnsupportedEnvironment(
-                f"{tdir}: docker-compose environments are not supported yet ({compose})"
+                f"{tdir}: {compose}: docker-compose environments are refused: Harbor runs them as "
+                "compose projects on bridge networks, which are never created here"
             )
 
     toml_path = root / TASK_TOML
@@ -281,6 +248,9 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     except ValidationError as e:
         err = e.errors()[0]
         raise TaskInvalid(tdir, TASK_TOML, _field_path(err["loc"]), err["msg"]) from None
+    refused = unsupported_features(config)
+    if refused:
+        raise UnsupportedFeature(tdir, refused)
 
     instruction_path = root / INSTRUCTION
     if not instruction_path.is_file():
@@ -289,6 +259,7 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         instruction = instruction_path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise TaskInvalid(tdir, INSTRUCTION, None, f"not UTF-8: {e}") from None
+    instruction = strip_canary(instruction)
     if not instruction.strip():
         raise TaskInvalid(tdir, INSTRUCTION, None, "file is empty")
 

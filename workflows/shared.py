@@ -35,7 +35,8 @@ Termination = Literal[
     "timeout",  # the task's agent timeout ran out; verified anyway
     "scaffold_error",  # the scaffold crashed (its own fault, not infrastructure)
     "infra_error",  # sandbox/proxy/worker failures outlived every retry and attempt
-    "verifier_error",  # the task is broken: bad task dir, image build, verifier crash
+    "verifier_error",  # the verifier crashed or gave no valid reward (or failed to run at all)
+    "setup_error",  # the task could not be set up: bad task dir/config, image build, entrypoint, healthcheck
     "overlong",  # the conversation outgrew the model's context
     "max_turns",  # the scaffold stopped at its own turn limit; verified anyway
     "cancelled",  # the workflow was cancelled

@@ -421,6 +421,9 @@ class TrialWorkflow:
         scaffold, verify = tally.scaffold, tally.verify
         if termination is None:
             termination = scaffold.termination_reason if scaffold else "infra_error"
+            # The agent finished, but the verifier crashed or wrote no valid reward.
+            if termination == "submitted" and verify is not None and not verify.reward_valid:
+                termination = "verifier_error"
         if error is None and scaffold is not None:
             error = scaffold.error
         return TrialResult.of(
@@ -456,4 +459,6 @@ def _termination_for(phase: Phase, error: TrialError) -> Termination:
     """A non-retryable failure: the task (set-up, verify) or the scaffold is broken."""
     if phase == "scaffold":
         return "scaffold_error"
+    if phase == "setup":
+        return "setup_error"
     return "verifier_error"

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.trialflow.conftest import EXAMPLES, SAMPLE_TASKS
-from trialflow.errors import TaskInvalid, UnsupportedEnvironment
+from trialflow.errors import TaskInvalid, UnsupportedEnvironment, UnsupportedFeature
 from trialflow.tasks import hash_tree, load_task, parse_size_mb
 
 
@@ -86,13 +86,17 @@ storage = "512M"
 workdir = "/srv"
 env = { E = "1" }
 gpus = 0
-allow_internet = true
+allow_internet = false
 [solution]
 env = { S = "2" }
 """
     task = load_task(make_task(tmp_path / "full", toml, dockerfile=None))
     c = task.config
-    assert c.version == "1.1" and c.task.name == "acme/full" and c.task.authors[0].email == "a@example.com"
+    assert (
+        c.schema_version == "1.1"
+        and c.task.name == "acme/full"
+        and c.task.authors[0].email == "a@example.com"
+    )
     assert c.metadata["difficulty"] == "hard"
     assert (c.verifier.timeout_sec, c.verifier.env, c.verifier.user) == (12.0, {"K": "v"}, "tester")
     assert (c.agent.timeout_sec, c.agent.user) == (34.5, 1000)
@@ -100,22 +104,26 @@ env = { S = "2" }
     assert (e.build_timeout_sec, e.docker_image, e.cpus, e.memory_mb, e.storage_mb, e.workdir) == (
         56.0,
         "img:1",
-        2.0,
+        2,
         2048,
         512,
         "/srv",
     )
     assert c.solution.env == {"S": "2"}
     assert task.dockerfile is None and task.image_tag == "img:1"
-    # Harbor fields we do not act on are kept and reported, not rejected.
-    assert set(task.unknown_keys) == {"environment.gpus", "environment.allow_internet"}
+    # The deprecated allow_internet becomes network_mode, as in Harbor; gpus = 0 asks for nothing.
+    assert e.network_mode == "no-network" and e.allow_internet is None
+    assert c.network_policy("agent").network_mode == "no-network"
+    assert task.unknown_keys == ()
 
 
 def test_defaults_when_sections_are_missing(tmp_path):
     task = load_task(make_task(tmp_path / "t", ""))
     c = task.config
     assert c.verifier.timeout_sec == 600.0 and c.agent.timeout_sec is None
-    assert (c.environment.cpus, c.environment.memory_mb, c.environment.storage_mb) == (1.0, 2048, 10240)
+    # Harbor 0.25: no resource limit unless the task sets one.
+    assert (c.environment.cpus, c.environment.memory_mb, c.environment.storage_mb) == (None, None, None)
+    assert c.schema_version == "1.4" and c.network_policy("verifier").network_mode == "public"
     assert task.solution_dir is None
 
 
@@ -130,15 +138,22 @@ def test_unknown_keys_are_kept_and_logged(tmp_path, caplog):
 @pytest.mark.parametrize(
     ("toml", "field"),
     [
-        ("[verifier]\ntimeout_sec = -1\n", "verifier.timeout_sec"),
         ("[verifier]\ntimeout_sec = 'soon'\n", "verifier.timeout_sec"),
         ("[verifier]\nenv = { A = 1 }\n", "verifier.env.A"),
-        ("[agent]\ntimeout_sec = 0\n", "agent.timeout_sec"),
-        ('[environment]\nmemory = "lots"\n', "environment.memory"),
-        ("[environment]\nmemory_mb = 0\n", "environment.memory_mb"),
-        ("[environment]\ncpus = -2\n", "environment.cpus"),
-        ('[environment]\nworkdir = "relative/dir"\n', "environment.workdir"),
+        ('[environment]\nmemory = "lots"\n', "environment"),
+        ('[environment]\nmemory = "1G"\nmemory_mb = 512\n', "environment"),
+        ('[environment]\nnetwork_mode = "public"\nallowed_hosts = ["a.org"]\n', "environment"),
+        (
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["http://a.org/"]\n',
+            "environment.allowed_hosts",
+        ),
+        ('[agent]\nallowed_hosts = ["a.org"]\n', "agent"),
+        ('[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 1\n', "verifier"),
         ('[task]\ndescription = "no name"\n', "task.name"),
+        ('[task]\nname = "no-org"\n', "task.name"),
+        ('[[steps]]\nname = "a/b"\n', "steps.0.name"),
+        ('[[steps]]\nname = "A"\n[[steps]]\nname = "a"\n', "steps"),
+        ('artifacts = [{ source = "/x/../etc" }]\n', "artifacts.0.str"),
         ("verifier = 3\n", "verifier"),
         ('metadata = "x"\n', "metadata"),
     ],
@@ -160,6 +175,7 @@ def test_invalid_field_names_file_and_field(tmp_path, toml, field):
     ],
 )
 def test_missing_files(tmp_path, kwargs, file):
+    """(Values Harbor accepts but that mean nothing are refusals: test_refused_features.)"""
     with pytest.raises(TaskInvalid) as exc:
         load_task(make_task(tmp_path / "t", **kwargs))
     assert exc.value.file == file and exc.value.field is None
@@ -184,7 +200,9 @@ def test_missing_toml_syntax_error_and_bad_encoding(tmp_path):
 def test_compose_environment_is_unsupported(tmp_path, name):
     root = make_task(tmp_path / "t")
     (root / "environment" / name).write_text("services: {}\n")
-    with pytest.raises(UnsupportedEnvironment, match="docker-compose environments are not supported yet"):
+    with pytest.raises(
+        UnsupportedEnvironment, match="docker-compose environments are refused.*bridge networks"
+    ):
         load_task(root)
 
 
@@ -220,13 +238,13 @@ def test_hash_tree_distinguishes_renames(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("text", "mb"), [("2G", 2048), ("512M", 512), ("1.5g", 1536), ("2048K", 2), ("4GB", 4096)]
+    ("text", "mb"), [("2G", 2048), ("512M", 512), ("1.5g", 1536), ("2048K", 2), (" 3m ", 3)]
 )
 def test_parse_size(text, mb):
     assert parse_size_mb(text) == mb
 
 
-@pytest.mark.parametrize("text", ["", "2", "G", "-1G", "0M", "abcM", "1T"])
+@pytest.mark.parametrize("text", ["", "2", "G", "abcM", "1T", "4GB"])
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError):
         parse_size_mb(text)
@@ -244,6 +262,8 @@ def test_any_task_toml_loads_or_raises_task_invalid(tmp_path, body):
         task = load_task(root)
     except TaskInvalid as e:
         assert e.file == "task.toml"
+    except UnsupportedFeature as e:
+        assert e.features
     else:
         assert task.config.verifier.timeout_sec > 0
 
@@ -288,7 +308,10 @@ def test_wrong_types_name_the_field(tmp_path, section, key, value):
     try:
         load_task(root)
     except TaskInvalid as e:
-        assert e.field is not None and e.field.startswith(f"{section}.{key}")
+        # Harbor's legacy `memory` is converted before field validation: the section is named.
+        assert e.field is not None and e.field.startswith(section if key == "memory" else f"{section}.{key}")
+    except UnsupportedFeature as e:
+        assert any(f"[{section}].{key}" in f for f in e.features)
 
 
 def _toml_value(v) -> str:
@@ -300,3 +323,96 @@ def _toml_value(v) -> str:
     if isinstance(v, float):
         return "nan" if math.isnan(v) else ("inf" if v == math.inf else "-inf" if v == -math.inf else repr(v))
     return json.dumps(v)
+
+
+@pytest.mark.parametrize(
+    ("toml", "names"),
+    [
+        ('[environment]\nos = "Windows"\n', "[environment].os"),
+        ("[environment]\ngpus = 1\n", "[environment].gpus"),
+        ('[environment]\ntpu = { type = "v6e", topology = "2x2" }\n', "[environment].tpu"),
+        ('[[environment.mcp_servers]]\nname = "db"\nurl = "http://x/sse"\n', "mcp_servers"),
+        ('[environment]\nskills_dir = "/skills"\n', "skills_dir"),
+        ('[[steps]]\nname = "one"\n', "[[steps]]"),
+        ('[verifier]\nenvironment_mode = "separate"\n', "environment_mode"),
+        ("[verifier.environment]\ncpus = 2\n", "environment_mode"),
+        ('[[verifier.collect]]\ncommand = "true"\n', "[[verifier.collect]]"),
+        ('artifacts = [{ source = "/db", service = "db" }]\n', "service 'db'"),
+        ("[verifier]\ntimeout_sec = -1\n", "[verifier].timeout_sec"),
+        ("[agent]\ntimeout_sec = 0\n", "[agent].timeout_sec"),
+        ("[environment]\nmemory_mb = 0\n", "[environment].memory_mb"),
+        ('[environment]\nmemory = "-1G"\n', "[environment].memory_mb"),
+        ("[environment]\ncpus = -2\n", "[environment].cpus"),
+        ('[environment]\nworkdir = "relative/dir"\n', "[environment].workdir"),
+    ],
+)
+def test_refused_features_are_named(tmp_path, toml, names):
+    """Fields Harbor accepts that trialflow does not do: refused at load, naming the field."""
+    with pytest.raises(UnsupportedFeature) as exc:
+        load_task(make_task(tmp_path / "t", toml))
+    assert any(names in f for f in exc.value.features), exc.value.features
+
+
+def test_every_refusal_is_listed_at_once(tmp_path):
+    toml = '[environment]\ngpus = 2\nskills_dir = "/s"\n[[steps]]\nname = "a"\n'
+    with pytest.raises(UnsupportedFeature) as exc:
+        load_task(make_task(tmp_path / "t", toml, instruction=None))  # refusal before missing files
+    assert len(exc.value.features) == 3
+
+
+def test_network_fields_resolve_per_phase(tmp_path):
+    toml = (
+        '[environment]\nnetwork_mode = "allowlist"\n'
+        'allowed_hosts = ["PyPI.org.", "*.Example.com", "10.0.0.0/8"]\n'
+        '[verifier]\nnetwork_mode = "public"\n'
+    )
+    c = load_task(make_task(tmp_path / "t", toml)).config
+    agent = c.network_policy("agent")
+    assert agent.network_mode == "allowlist"
+    assert agent.allowed_hosts == ("pypi.org", "*.example.com", "10.0.0.0/8")
+    assert c.network_policy("verifier").network_mode == "public"
+
+
+def test_allow_internet_yields_to_explicit_network_mode(tmp_path):
+    toml = '[environment]\nallow_internet = false\nnetwork_mode = "public"\n'
+    assert load_task(make_task(tmp_path / "t", toml)).config.environment.network_mode == "public"
+
+
+def test_artifacts_include_the_convention_dir(tmp_path):
+    toml = 'artifacts = ["/app/out.txt", { source = "/var/log/app", destination = "logs/app" }]\n'
+    entries = load_task(make_task(tmp_path / "t", toml)).config.artifact_entries()
+    assert [(e.source, e.relative_path) for e in entries] == [
+        ("/logs/artifacts", "logs/artifacts"),
+        ("/app/out.txt", "app/out.txt"),
+        ("/var/log/app", "logs/app"),
+    ]
+
+
+def test_instruction_canary_lines_are_stripped(tmp_path):
+    text = "<!-- BENCHMARK DATA canary GUID 1234 -->\n# another canary line\n\nDo the thing.\n"
+    assert load_task(make_task(tmp_path / "t", instruction=text)).instruction == "Do the thing.\n"
+
+
+@pytest.mark.parametrize(
+    ("value", "host", "expected"),
+    [
+        ("${A}", {"A": "x"}, "x"),
+        ("${A}", {"A": ""}, ""),  # set but empty: Harbor takes it (no shell ':-' semantics)
+        ("${A:-dflt}", {}, "dflt"),
+        ("${A:-dflt}", {"A": ""}, ""),
+        ("pre-${A}", {"A": "x"}, "pre-${A}"),  # not a whole-value template: literal
+        ("plain", {}, "plain"),
+    ],
+)
+def test_env_templates_resolve_as_in_harbor(value, host, expected):
+    from trialflow.tasks import resolve_env
+
+    assert resolve_env({"K": value}, host) == {"K": expected}
+
+
+def test_env_template_without_value_or_default_is_a_task_error():
+    from trialflow.errors import TaskEnvMissing
+    from trialflow.tasks import resolve_env
+
+    with pytest.raises(TaskEnvMissing, match="'A' not found"):
+        resolve_env({"K": "${A}"}, {})

@@ -230,7 +230,7 @@ async def test_non_retryable_setup_error_fails_fast_with_error_recorded(client, 
     fake.setup_error = ApplicationError("Dockerfile broke", type="ImageBuildFailed", non_retryable=True)
     [result] = await batch.run(client, [_spec()], task_queue=shared)
     assert [c[0] for c in fake.calls] == ["setup"]  # no retry, no other phase
-    assert result.termination_reason == "verifier_error"
+    assert result.termination_reason == "setup_error"  # the task's set-up, not its verifier
     assert result.error is not None
     assert (result.error.type, result.error.phase, result.error.non_retryable) == (
         "ImageBuildFailed",

@@ -6,8 +6,10 @@ are `DockerImages` (`trialflow.sandbox.docker_images`: build once per environmen
 make missing base images).
 
 Containers: `network_mode="none"` (`SandboxPolicy.isolate_network`), `init=True` (zombie
-reaping), kept alive by `sleep infinity`; limits from task.toml (`nano_cpus` = cpus
-clamped to the host's CPUs, `mem_limit` = memory_mb with no extra swap), hardened by the
+reaping); the image's ENTRYPOINT runs as Harbor runs it, with `sh -c "exec sleep infinity"`
+as its arguments in place of the image's CMD (`KEEPALIVE_COMMAND`), and `start()` refuses
+a container whose entrypoint exited; limits only where task.toml sets them, as in Harbor
+(`nano_cpus` = cpus clamped to the host's CPUs, `mem_limit` = memory_mb with no extra swap), hardened by the
 backend's `SandboxPolicy` (`docker_create_options`: pids limit, no-new-privileges, dropped
 capabilities, optional read-only root and runtime). `storage_mb` is enforced only where
 overlay2 sits on xfs with project quotas (`storage_opt size`); elsewhere (ext4 here) it
@@ -41,12 +43,13 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
-from trialflow.errors import ImageUnavailable, SandboxLost, SandboxStartFailed
+from trialflow.errors import ImageUnavailable, SandboxLost, SandboxStartFailed, TaskEnvMissing
 from trialflow.sandbox.base import ImageInfo, Mount, ReapReport, SandboxBackend
 from trialflow.sandbox.docker_images import BaseImageMaker, DockerImages, dockerfile_bases
 from trialflow.sandbox.docker_sandbox import DockerSandbox
 from trialflow.sandbox.policy import SandboxPolicy
 from trialflow.sandbox.reaper import LABEL_CREATED_AT, LABEL_MANAGED, LABEL_TRIAL_ID, reap_containers
+from trialflow.tasks import resolve_env
 
 if TYPE_CHECKING:
     from trialflow.tasks import Task
@@ -58,19 +61,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 EXEC_GRACE_S = 30.0  # host-side slack past an in-container timeout before abandoning
 DEFAULT_OUTPUT_CAP = 4 << 20  # bytes kept per stream (tail)
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def resolve_env(env: Mapping[str, str], host_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Expand Harbor's `${VAR}` / `${VAR:-default}` in task env values from the host env.
-    An unset `${VAR}` without a default becomes the empty string."""
-    host = os.environ if host_env is None else host_env
-
-    def sub(m: re.Match[str]) -> str:
-        val = host.get(m.group(1))
-        return val if val else (m.group(2) or "")
-
-    return {k: _ENV_REF.sub(sub, v) for k, v in env.items()}
+# What Harbor's compose file gives the main service: the image's ENTRYPOINT runs (with
+# this as its arguments, so an entrypoint that ends in `exec "$@"` starts its services
+# and then keeps the container alive); the image's CMD is replaced. Harbor says
+# `sleep infinity`; the `exec` keeps sleep the entrypoint's own process, the keep-alive
+# that `stop_processes` spares (a forked sleep would be killed and the container end).
+KEEPALIVE_COMMAND = ["sh", "-c", "exec sleep infinity"]
 
 
 def _slug(text: str, limit: int = 40) -> str:
@@ -169,22 +165,19 @@ class DockerBackend(SandboxBackend):
     ) -> DockerSandbox:
         image = await self.ensure_image(task)
         envcfg = task.config.environment
-        cpus = await self._run(self._cpus)
-        if envcfg.cpus > cpus:
-            log.warning("task %s asks for %s cpus; host has %s: clamped", task.name, envcfg.cpus, cpus)
+        try:
+            environment = resolve_env(envcfg.env, self._host_env)
+        except TaskEnvMissing as e:
+            raise TaskEnvMissing(f"task {task.name}: [environment].env: {e}") from None
         name = f"tf-{_slug(trial_id)}-{uuid.uuid4().hex[:8]}"
         kwargs = {
             "image": image.tag,
             "name": name,
-            "entrypoint": ["sleep"],
-            "command": ["infinity"],
+            "command": KEEPALIVE_COMMAND,
             "init": True,
             "detach": True,
             "labels": self.container_labels(task, trial_id, labels),
-            "nano_cpus": int(min(envcfg.cpus, cpus) * 1e9),
-            "mem_limit": f"{envcfg.memory_mb}m",
-            "memswap_limit": f"{envcfg.memory_mb}m",
-            "environment": resolve_env(envcfg.env, self._host_env),
+            "environment": environment,
             "working_dir": envcfg.workdir,
             "mounts": [
                 docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in mounts
@@ -192,6 +185,14 @@ class DockerBackend(SandboxBackend):
         }
         if envcfg.workdir is None:
             del kwargs["working_dir"]
+        # Harbor: no limit unless the task sets one.
+        if envcfg.cpus is not None:
+            cpus = await self._run(self._cpus)
+            if envcfg.cpus > cpus:
+                log.warning("task %s asks for %s cpus; host has %s: clamped", task.name, envcfg.cpus, cpus)
+            kwargs["nano_cpus"] = int(min(envcfg.cpus, cpus) * 1e9)
+        if envcfg.memory_mb is not None:
+            kwargs["mem_limit"] = kwargs["memswap_limit"] = f"{envcfg.memory_mb}m"
         storage = envcfg.storage_mb if await self._run(self._supports_storage_quota) else None
         hardening = docker_create_options(self.policy, workdir=envcfg.workdir, storage_mb=storage)
         kwargs["mounts"] = [*kwargs["mounts"], *hardening.pop("mounts")]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 import docker.errors
 import requests.exceptions
 
-from trialflow.errors import SandboxLost, SandboxPathNotFound, SandboxStartFailed
+from trialflow.errors import EntrypointExited, SandboxLost, SandboxPathNotFound, SandboxStartFailed
 from trialflow.sandbox import processes
 from trialflow.sandbox.base import ExecResult, Sandbox
 from trialflow.sandbox.netns import listen_in_netns
@@ -120,6 +120,23 @@ class DockerSandbox(Sandbox):
             raise
         except docker.errors.APIError as e:
             raise SandboxStartFailed(f"could not start sandbox {self._name}: {e}") from e
+        # The image's ENTRYPOINT runs first (as in Harbor); one that exits takes the
+        # container with it. A first exec gives it a moment and proves the sandbox answers.
+        try:
+            ready = await self.exec(["true"], timeout_s=60)
+        except SandboxLost:
+            ready = None
+        state = await self._call(lambda: api.inspect_container(self._cid)["State"])
+        if not state.get("Running"):
+            logs = await self._call(lambda: api.logs(self._cid, tail=20).decode("utf-8", "replace"))
+            raise EntrypointExited(
+                f"sandbox {self._name}: the image's ENTRYPOINT exited with code {state.get('ExitCode')} "
+                f"before the agent could start (Harbor runs it with `sh -c 'sleep infinity'` as its "
+                f"arguments; an entrypoint script should end in `exec \"$@\"`)"
+                + (f"; its last output: {logs.strip()[-500:]}" if logs.strip() else "")
+            )
+        if ready is None or not ready.ok:
+            raise SandboxStartFailed(f"sandbox {self._name} does not run commands: {ready}")
 
     async def exec(
         self,

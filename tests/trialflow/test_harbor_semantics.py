@@ -1,0 +1,111 @@
+"""Harbor's runtime semantics on the real Docker engine (issue 13): the image's ENTRYPOINT
+runs with Harbor's keep-alive arguments, an entrypoint that exits is refused at start,
+the healthcheck gates set-up, limits apply only where the task sets them.
+
+Tasks are written here (tmp dirs), FROM the local `trialflow-base:bookworm`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trialflow.errors import EntrypointExited, HealthcheckFailed
+from trialflow.healthcheck import run_healthcheck
+from trialflow.tasks import load_task
+
+pytestmark = pytest.mark.docker
+
+
+def _task(root: Path, dockerfile: str, toml: str = "", files: dict[str, str] | None = None) -> Path:
+    for rel, text in {
+        "task.toml": toml,
+        "instruction.md": "Look around.\n",
+        "environment/Dockerfile": dockerfile,
+        "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",
+        **(files or {}),
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+ENTRY = """#!/bin/sh
+# starts a "service" (a marker and a background process), then hands over to the command
+echo started-by-entrypoint > /run/service-ready
+sleep 1000 &
+exec "$@"
+"""
+
+
+async def test_entrypoint_runs_with_harbor_keepalive_args(tmp_path, sandbox_for):
+    root = _task(
+        tmp_path / "entry",
+        "FROM trialflow-base:bookworm\nCOPY entry.sh /entry.sh\nRUN chmod +x /entry.sh\n"
+        'ENTRYPOINT ["/entry.sh"]\nCMD ["echo", "cmd is replaced"]\n',
+        files={"environment/entry.sh": ENTRY},
+    )
+    sb = await sandbox_for(load_task(root))
+    res = await sb.exec(
+        "cat /run/service-ready; cat /proc/1/cmdline /proc/*/cmdline 2>/dev/null | tr '\\0' ' '"
+    )
+    assert res.ok and "started-by-entrypoint" in res.stdout
+    assert "sleep infinity" in res.stdout  # what Harbor passes the entrypoint
+    assert "cmd is replaced" not in res.stdout
+
+
+async def test_entrypoint_that_exits_is_refused_at_start(tmp_path, backend):
+    root = _task(
+        tmp_path / "dies",
+        'FROM trialflow-base:bookworm\nENTRYPOINT ["sh", "-c", "echo no-db-config >&2; exit 7"]\n',
+    )
+    sb = await backend.create(load_task(root), trial_id="dies")
+    try:
+        with pytest.raises(EntrypointExited, match="code 7.*no-db-config"):
+            await sb.start()
+    finally:
+        await sb.stop()
+
+
+async def test_no_limits_unless_the_task_sets_them(tmp_path, sandbox_for, docker_client):
+    free = await sandbox_for(load_task(_task(tmp_path / "free", "FROM trialflow-base:bookworm\n")))
+    capped = await sandbox_for(
+        load_task(
+            _task(
+                tmp_path / "capped",
+                "FROM trialflow-base:bookworm\n",
+                "[environment]\nmemory_mb = 300\ncpus = 1\n",
+            )
+        )
+    )
+    hc_free = docker_client.api.inspect_container(free.container_id)["HostConfig"]
+    hc_capped = docker_client.api.inspect_container(capped.container_id)["HostConfig"]
+    assert (hc_free["Memory"], hc_free["NanoCpus"]) == (0, 0)
+    assert (hc_capped["Memory"], hc_capped["NanoCpus"]) == (300 << 20, 10**9)
+
+
+async def test_healthcheck_gates_on_a_service_the_entrypoint_starts(tmp_path, sandbox_for):
+    slow = '#!/bin/sh\n(sleep 2; touch /run/up) &\nexec "$@"\n'
+    toml = (
+        '[environment.healthcheck]\ncommand = "test -f /run/up"\n'
+        "interval_sec = 0.5\nstart_period_sec = 1\nstart_interval_sec = 0.2\nretries = 10\n"
+    )
+    root = _task(
+        tmp_path / "hc",
+        'FROM trialflow-base:bookworm\nCOPY e.sh /e.sh\nRUN chmod +x /e.sh\nENTRYPOINT ["/e.sh"]\n',
+        toml,
+        files={"environment/e.sh": slow},
+    )
+    task = load_task(root)
+    sb = await sandbox_for(task)
+
+    async def one(cmd: str, t: float):
+        return await sb.exec(["sh", "-c", cmd], timeout_s=t)
+
+    tries = await run_healthcheck(task.config.environment.healthcheck, one)
+    assert tries > 1 and (await sb.exec("test -f /run/up")).ok
+    never = task.config.environment.healthcheck.model_copy(
+        update={"command": "exit 3", "retries": 2, "start_period_sec": 0, "interval_sec": 0.1}
+    )
+    with pytest.raises(HealthcheckFailed, match="2 consecutive retries.*exit code 3"):
+        await run_healthcheck(never, one)
