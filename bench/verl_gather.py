@@ -161,7 +161,7 @@ async def gather_bench(args: argparse.Namespace) -> dict:
 
 async def read_bench(args: argparse.Namespace) -> list[dict]:
     from trialflow.settings import load_settings
-    from trialflow.storage import open_store
+    from trialflow.storage import AttemptRecord, open_store
     from trialflow.verl.convert import ConvertConfig, convert_trial
     from trialflow.verl.step_batch import load_trajectory
     from workflows.shared import TrialResult
@@ -190,7 +190,9 @@ async def read_bench(args: argparse.Namespace) -> list[dict]:
                     reward=1.0,
                     reward_valid=True,
                     termination_reason="submitted",
-                    trajectory_uris=[uri],
+                    attempt_records=[
+                        AttemptRecord(attempt=1, checkpoints_uri="unused/", trajectory_uri=uri, complete=True)
+                    ],
                 )
             )
         cfg = ConvertConfig(
@@ -199,9 +201,9 @@ async def read_bench(args: argparse.Namespace) -> list[dict]:
         t0 = time.perf_counter()
         loaded = await asyncio.gather(*(load_trajectory(store, r) for r in results))
         t1 = time.perf_counter()
-        for (traj, err), r in zip(loaded, results):
-            assert err is None, err
-            convert_trial(traj, r, cfg)
+        for one, r in zip(loaded, results, strict=True):
+            assert one is not None and one.error is None, one
+            convert_trial(one.trajectory, r, cfg)
         t2 = time.perf_counter()
         rows.append(
             {

@@ -115,19 +115,35 @@ def _start_worker(env: dict[str, str], worker_id: str, log: Path) -> subprocess.
         )
 
 
-async def test_sigkill_mid_scaffold_second_worker_finishes(
-    temporal_address,
-    s3_endpoint,
-    docker_client,
-    vllm_url,
-    vllm_model_name,
-    tiny_model_dir,
-    tmp_path,
+def _tail(log: Path) -> str:
+    return log.read_text()[-3000:]
+
+
+async def _await_turns(handle, store, keys: TrialKeys, worker: subprocess.Popen, log: Path, turns: int = 3):
+    """Wait until the attempt's scaffold has generated ``turns`` turns and their checkpoints
+    are in S3; returns the workflow's progress."""
+    deadline = time.monotonic() + 180
+    while True:
+        assert worker.poll() is None, _tail(log)
+        assert time.monotonic() < deadline, "the worker never answered"
+        try:  # the worker may still be starting: nobody answers queries yet
+            progress = await handle.query(TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5))
+        except RPCError:
+            continue
+        checkpoints = store.list_keys(keys.checkpoints + "/")
+        if progress.phase == "scaffold" and progress.turns >= turns and len(checkpoints) >= turns:
+            return progress
+        assert time.monotonic() < deadline, f"no progress: {progress}"
+        await asyncio.sleep(0.3)
+
+
+def _crash_env(
+    docker_client, temporal_address, s3_endpoint, vllm_url, vllm_model_name, tiny_model_dir, suffix
 ):
+    """(worker environment, the same settings in-process) for workers running SlowChatScaffold."""
     from trialflow.sandbox.base_image import ensure_base_image
 
     ensure_base_image(docker_client)
-    suffix = uuid.uuid4().hex[:8]
     fields = {
         "temporal_address": temporal_address,
         "task_queue": f"crash-{suffix}",
@@ -149,6 +165,22 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
     settings = load_settings(
         **{k: json.loads(v) if k in ("replica_urls", "extra_scaffolds") else v for k, v in fields.items()}
     )
+    return env, settings
+
+
+async def test_sigkill_mid_scaffold_second_worker_finishes(
+    temporal_address,
+    s3_endpoint,
+    docker_client,
+    vllm_url,
+    vllm_model_name,
+    tiny_model_dir,
+    tmp_path,
+):
+    suffix = uuid.uuid4().hex[:8]
+    env, settings = _crash_env(
+        docker_client, temporal_address, s3_endpoint, vllm_url, vllm_model_name, tiny_model_dir, suffix
+    )
     store = open_store(settings)
     client = await batch.connect(temporal_address)
     first = _start_worker(env, f"first-{suffix}", tmp_path / "first.log")
@@ -163,21 +195,8 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
         )[0]
         [handle] = await batch.submit(client, [spec], task_queue=settings.task_queue)
 
-        # Wait until the scaffold has generated a few turns and their checkpoints are in S3.
         keys1 = TrialKeys(spec.batch_id, spec.trial_id, 1)
-        deadline = time.monotonic() + 180
-        while True:
-            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the worker never answered"
-            try:  # the worker may still be starting: nobody answers queries yet
-                progress = await handle.query(TrialWorkflow.progress, rpc_timeout=timedelta(seconds=5))
-            except RPCError:
-                continue
-            checkpoints = store.list_keys(keys1.checkpoints + "/")
-            if progress.phase == "scaffold" and progress.turns >= 3 and len(checkpoints) >= 3:
-                break
-            assert time.monotonic() < deadline, f"no progress: {progress}"
-            await asyncio.sleep(0.3)
+        progress = await _await_turns(handle, store, keys1, first, tmp_path / "first.log")
         first_queue = progress.host_queue
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -222,6 +241,86 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
 
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=60) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+async def test_sigkill_in_the_last_attempt_gives_verl_the_pre_crash_tokens_flagged(
+    temporal_address,
+    s3_endpoint,
+    docker_client,
+    vllm_url,
+    vllm_model_name,
+    tiny_model_dir,
+    tmp_path,
+):
+    """The worker dies at turn >= 3 of the LAST allowed attempt (attempt_limit 1). The real
+    agent loop still returns a sample: exactly the tokens checkpointed before the crash,
+    flagged partial, reward invalid and masked (docs/verl.md, "A lost last attempt")."""
+    from transformers import AutoTokenizer
+
+    from tests.verl._support import loop_for, step_rows
+
+    suffix = uuid.uuid4().hex[:8]
+    env, settings = _crash_env(
+        docker_client, temporal_address, s3_endpoint, vllm_url, vllm_model_name, tiny_model_dir, suffix
+    )
+    store = open_store(settings)
+    client = await batch.connect(temporal_address)
+    loop = loop_for(
+        AutoTokenizer.from_pretrained(tiny_model_dir),
+        settings,
+        1024,
+        2048,
+        n=1,
+        run_name=f"lost-{suffix}",
+        attempt_limit=1,
+        heartbeat_timeout_s=6,
+        host_schedule_timeout_s=10,
+    )
+    [row] = step_rows([(str(TASK), "test-slow-chat")], rollouts=1, step=4)
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    spec = await loop.build_spec(dict(sampling), row)
+    first = _start_worker(env, f"first-{suffix}", tmp_path / "first.log")
+    second: subprocess.Popen | None = None
+    try:
+        sample = asyncio.create_task(loop.run(dict(sampling), **row))
+        handle = client.get_workflow_handle(spec.trial_id)
+        while True:  # the loop submits the workflow
+            try:
+                await handle.describe()
+                break
+            except RPCError:
+                await asyncio.sleep(0.2)
+        keys = TrialKeys(spec.batch_id, spec.trial_id, 1)
+        await _await_turns(handle, store, keys, first, tmp_path / "first.log")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        second = _start_worker(env, f"second-{suffix}", tmp_path / "second.log")
+        out = await asyncio.wait_for(sample, timeout=300)
+
+        pre_crash = Trajectory.from_checkpoints(
+            [store.get_bytes(k) for k in store.list_keys(keys.checkpoints + "/")]
+        )
+        assert pre_crash.counters.turns >= 3 and len(pre_crash.segments) == 1
+        ef = out.extra_fields
+        assert (ef["termination_reason"], ef["reward_valid"], ef["trajectory_partial"]) == (
+            "infra_error",
+            False,
+            True,
+        ), ef
+        assert ef["trajectory_error"] is None and ef["masked"] and out.reward_score == 0.0
+        assert ef["trajectory_uri"] == store.uri(keys.checkpoints) + "/"
+        seg = pre_crash.segments[0]
+        assert out.prompt_ids == seg.prompt_ids.tolist() and out.response_ids == seg.response_ids.tolist()
+        assert out.response_mask == [0] * len(seg.response_ids)  # an invalid trial is masked out
+        gen = [lp for lp, m in zip(out.response_logprobs, seg.response_mask, strict=True) if m]
+        assert gen == pytest.approx(
+            [lp for lp, m in zip(seg.response_logprobs, seg.response_mask, strict=True) if m]
+        )
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

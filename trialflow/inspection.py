@@ -6,8 +6,8 @@
   split into model tokens = mask 1, trained on, and env tokens = mask 0, masked out; policy
   versions; routed experts) and the counters.
 - `result_view(result)`: the trial's rewards, termination, error, timings and URIs.
-- `batch_results(store, batch_id)`: every trial result stored for a batch, and
-  `load_attempt_trajectory(store, ...)`: one attempt's trajectory (I/O via the store only).
+- `attempt_view(loaded)`: one attempt as `storage.load_attempt` read it (final or partial).
+- `batch_results(store, batch_id)`: every trial result stored for a batch.
 
 Edge cases: a trajectory without turns (the agent never called the model, or the attempt
 died before its first turn) renders the tables with a "no turns" / "no segments" row; a
@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from proxy.trajectory import Trajectory
-from trialflow.storage import ResultStore, TrialKeys
+from trialflow.storage import AttemptRecord, LoadedAttempt, ResultStore
 from workflows.shared import TrialResult
 
 TURN_COLUMNS = (
@@ -107,6 +107,27 @@ def trajectory_view(trajectory: Trajectory, title: str) -> RenderableType:
                  counters_text(trajectory))  # fmt: skip
 
 
+def attempt_view(loaded: LoadedAttempt) -> RenderableType:
+    """One attempt as `trialflow.storage.load_attempt` read it: its trajectory, or why none."""
+    n = loaded.record.attempt
+    if loaded.trajectory is None:
+        why = loaded.error or (
+            "a model-free scaffold" if loaded.record.complete else "lost before its first turn"
+        )
+        return Text(f"attempt {n}: no trajectory ({why})", style="bold")
+    source = (
+        f"partial: lost attempt, rebuilt from {loaded.checkpoints} checkpoints"
+        if loaded.partial
+        else "final trajectory"
+    )
+    return trajectory_view(loaded.trajectory, f"attempt {n} ({source})")
+
+
+def _attempt_line(record: AttemptRecord) -> str:
+    state = "complete" if record.complete else "lost: checkpoints only"
+    return f"{record.attempt}: {record.uri or 'no trajectory (model-free)'}  ({state})"
+
+
 def result_view(result: TrialResult) -> Table:
     """The trial's outcome as a two-column table."""
     table = Table(title=f"trial {result.trial_id}", title_justify="left", show_header=False)
@@ -130,7 +151,7 @@ def result_view(result: TrialResult) -> Table:
         ("turns / tool calls", f"{result.turns} / {result.tool_calls}"),
         ("tokens prompt / response", f"{result.prompt_tokens} / {result.response_tokens}"),
         ("timings s", "  ".join(f"{k} {v:.1f}" for k, v in result.timings.items())),
-        ("trajectories", "\n".join(result.trajectory_uris)),
+        ("trajectories", "\n".join(_attempt_line(r) for r in result.attempt_records)),
         ("logs", result.logs_uri or ""),
     )  # fmt: skip
     for name, value in rows:
@@ -139,9 +160,9 @@ def result_view(result: TrialResult) -> Table:
 
 
 def batch_results(store: ResultStore, batch_id: str) -> list[TrialResult]:
-    """Every trial result stored for `batch_id` (`batches/{id}/trials/{trial}/result.json`;
-    the per-attempt `result.json` files one level down are not trial results), by trial id.
-    An unknown batch gives []."""
+    """Every trial result stored for `batch_id` (`storage.trial_result_key`: one level below
+    the batch's ``trials/``; nothing else is named result.json), by trial id. An unknown batch
+    gives []."""
     prefix = f"batches/{batch_id}/trials/"
     keys = [
         k for k in store.list_keys(prefix)
@@ -149,18 +170,3 @@ def batch_results(store: ResultStore, batch_id: str) -> list[TrialResult]:
     ]  # fmt: skip
     results = [TrialResult.model_validate_json(store.get_bytes(k)) for k in keys]
     return sorted(results, key=lambda r: r.trial_id)
-
-
-def load_attempt_trajectory(
-    store: ResultStore, batch_id: str, trial_id: str, attempt: int
-) -> tuple[Trajectory | None, str]:
-    """(Trajectory, source) of one attempt: the final trajectory, else one rebuilt from
-    its checkpoints (a worker died), else (None, "none")."""
-    keys = TrialKeys(batch_id, trial_id, attempt)
-    if store.exists(keys.trajectory):
-        return Trajectory.from_bytes(store.get_bytes(keys.trajectory)), "final"
-    checkpoints = store.list_keys(keys.checkpoints + "/")
-    if checkpoints:
-        payloads = [store.get_bytes(k) for k in checkpoints]
-        return Trajectory.from_checkpoints(payloads), f"{len(payloads)} checkpoints"
-    return None, "none"

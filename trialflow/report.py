@@ -122,6 +122,15 @@ def phase_boxplot_svg(timings: dict[str, list[float]], width: int = 420) -> str:
     return "".join(parts)
 
 
+def trajectory_state(result: TrialResult) -> str:
+    """The last attempt's trajectory as the trainer gets it (`trialflow.storage.load_attempt`):
+    "final", "partial" (a lost attempt: its checkpoints), or "none" (model-free, no attempt)."""
+    last = result.last_attempt
+    if last is None or (last.complete and last.trajectory_uri is None):
+        return "none"
+    return "final" if last.complete else "partial"
+
+
 def render_report(
     results: Sequence[TrialResult], title: str = "trialflow batch", cancelled: Iterable[str] = ()
 ) -> str:
@@ -174,6 +183,7 @@ def render_report(
             r.prompt_tokens,
             r.response_tokens,
             f"{sum(r.timings.values()):.1f}",
+            trajectory_state(r),
             f"{r.error.type}: {r.error.message}" if r.error else (r.reward_error or ""),
         )
         for r in sorted(results, key=lambda r: (r.task_name, r.sample_index, r.trial_id))
@@ -209,6 +219,7 @@ def render_report(
                 "prompt tok",
                 "response tok",
                 "time s",
+                "trajectory",
                 "error",
             ),
             trial_rows,

@@ -1,11 +1,20 @@
 """Result storage: `ResultStore` ABC with `S3Store` (boto3) and `LocalStore` (a directory).
 
-Key layout (keys are relative to the store's own prefix; build them with `TrialKeys`)::
+Key layout (keys are relative to the store's own prefix; build them with `TrialKeys` and
+`trial_result_key`, nowhere else)::
 
-    batches/{batch_id}/trials/{trial_id}/attempt-{n}/trajectory.npz          final trajectory
+    batches/{batch_id}/trials/{trial_id}/result.json                          the trial's TrialResult
+    batches/{batch_id}/trials/{trial_id}/attempt-{n}/trajectory.npz           final trajectory
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/checkpoints/{seq:06d}.npz per-turn deltas
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/logs/{name}              scaffold/verifier logs
-    batches/{batch_id}/trials/{trial_id}/attempt-{n}/result.json              TrialResult
+
+There is one result per trial (written by the last activity of the workflow), none per attempt.
+
+Attempts: `AttemptRecord` says where one attempt's trajectory is (its final trajectory URI,
+its checkpoint prefix, whether the attempt reported back); `TrialResult.attempt_records`
+lists them. `load_attempt` is the one reader (CLI, inspection, verl): the final trajectory
+when the attempt completed, else the trajectory rebuilt from its checkpoints (a lost host:
+the tokens generated before the crash), flagged ``partial``.
 
 URIs: `S3Store` returns `s3://{bucket}/{prefix}/{key}`, `LocalStore` returns
 `file://{root}/{key}`. `get_bytes` accepts a key or a URI of the same store (a URI of
@@ -32,13 +41,18 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import unquote, urlparse
+
+from pydantic import BaseModel, ConfigDict
 
 from trialflow.errors import ObjectNotFound, StorageError
 
 if TYPE_CHECKING:
+    from proxy.trajectory import Trajectory
     from trialflow.settings import TrialflowSettings
+
+CHECKPOINTS_DIR = "checkpoints"
 
 
 def validate_key(key: str) -> str:
@@ -50,6 +64,11 @@ def validate_key(key: str) -> str:
 def trial_result_key(batch_id: str, trial_id: str) -> str:
     """The whole trial's result: beside its attempts (`TrialKeys.root` is one level down)."""
     return f"batches/{batch_id}/trials/{trial_id}/result.json"
+
+
+def checkpoint_key(prefix: str, seq: int) -> str:
+    """The key of checkpoint ``seq`` under ``prefix`` (zero-padded: keys sort in turn order)."""
+    return f"{prefix}/{seq:06d}.npz"
 
 
 @dataclass(frozen=True)
@@ -69,15 +88,12 @@ class TrialKeys:
         return f"{self.root}/trajectory.npz"
 
     @property
-    def result(self) -> str:
-        return f"{self.root}/result.json"
-
-    @property
     def checkpoints(self) -> str:
-        return f"{self.root}/checkpoints"
+        """The checkpoint prefix (no trailing slash)."""
+        return f"{self.root}/{CHECKPOINTS_DIR}"
 
     def checkpoint(self, seq: int) -> str:
-        return f"{self.checkpoints}/{seq:06d}.npz"
+        return checkpoint_key(self.checkpoints, seq)
 
     def log(self, name: str) -> str:
         return validate_key(f"{self.root}/logs/{name}")
@@ -105,6 +121,11 @@ class ResultStore(abc.ABC):
     def uri(self, key: str) -> str:
         """URI of `key` (whether or not it exists)."""
 
+    @abc.abstractmethod
+    def key_of(self, uri_or_key: str) -> str:
+        """The key of a URI of this store (a key is returned validated). ValueError for a
+        URI of another store."""
+
     async def put(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         """`put_bytes` in a thread, for async callers."""
         return await asyncio.to_thread(self.put_bytes, key, data, content_type)
@@ -124,7 +145,7 @@ class LocalStore(ResultStore):
     def uri(self, key: str) -> str:
         return (self.root / validate_key(key)).as_uri()
 
-    def _key(self, uri_or_key: str) -> str:
+    def key_of(self, uri_or_key: str) -> str:
         if uri_or_key.startswith("file://"):
             path = Path(unquote(urlparse(uri_or_key).path))
             if not path.is_relative_to(self.root):
@@ -145,7 +166,7 @@ class LocalStore(ResultStore):
         return path.as_uri()
 
     def get_bytes(self, uri_or_key: str) -> bytes:
-        path = self.root / self._key(uri_or_key)
+        path = self.root / self.key_of(uri_or_key)
         try:
             return path.read_bytes()
         except (FileNotFoundError, IsADirectoryError):
@@ -165,7 +186,7 @@ class LocalStore(ResultStore):
         return sorted(keys)
 
     def exists(self, uri_or_key: str) -> bool:
-        return (self.root / self._key(uri_or_key)).is_file()
+        return (self.root / self.key_of(uri_or_key)).is_file()
 
 
 class S3Store(ResultStore):
@@ -227,7 +248,7 @@ class S3Store(ResultStore):
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._full(key)}"
 
-    def _key(self, uri_or_key: str) -> str:
+    def key_of(self, uri_or_key: str) -> str:
         if not uri_or_key.startswith("s3://"):
             return validate_key(uri_or_key)
         parsed = urlparse(uri_or_key)
@@ -261,7 +282,7 @@ class S3Store(ResultStore):
         return f"s3://{self.bucket}/{full}"
 
     def get_bytes(self, uri_or_key: str) -> bytes:
-        full = self._full(self._key(uri_or_key))
+        full = self._full(self.key_of(uri_or_key))
         resp = self._guard(lambda: self._client.get_object(Bucket=self.bucket, Key=full), f"get {full}")
         return self._guard(lambda: resp["Body"].read(), f"read {full}")
 
@@ -280,7 +301,7 @@ class S3Store(ResultStore):
                 return sorted(keys)
 
     def exists(self, uri_or_key: str) -> bool:
-        full = self._full(self._key(uri_or_key))
+        full = self._full(self.key_of(uri_or_key))
         try:
             self._guard(lambda: self._client.head_object(Bucket=self.bucket, Key=full), f"head {full}")
         except ObjectNotFound:
@@ -301,7 +322,7 @@ class StoreCheckpointSink:
         self.key_prefix = validate_key(key_prefix.strip("/"))
 
     def key(self, seq: int) -> str:
-        return f"{self.key_prefix}/{seq:06d}.npz"
+        return checkpoint_key(self.key_prefix, seq)
 
     async def write(self, session_id: str, seq: int, payload: bytes) -> None:
         await asyncio.to_thread(self.store.put_bytes, self.key(seq), payload, "application/x-npz")
@@ -320,3 +341,89 @@ def open_store(settings: TrialflowSettings) -> ResultStore:
             create_bucket=True,
         )
     return LocalStore(settings.store_dir)
+
+
+class AttemptRecord(BaseModel):
+    """Where one trial attempt's trajectory is. Built by the workflow from the URIs its
+    activities return; kept in `TrialResult.attempt_records`, one per attempt that got a
+    sandbox, oldest first.
+
+    - ``checkpoints_uri``: the prefix of its per-turn checkpoints (ends with ``/``).
+    - ``trajectory_uri``: its final trajectory; None while it runs, when it was lost, or
+      when its scaffold had no model session (oracle, nop).
+    - ``complete``: the scaffold phase reported back. False: the attempt was lost (its
+      worker died or its heartbeat stopped), and its checkpoints are all there is.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int
+    checkpoints_uri: str
+    trajectory_uri: str | None = None
+    complete: bool = False
+
+    @classmethod
+    def begun(cls, attempt: int, attempt_uri: str) -> AttemptRecord:
+        """The record of an attempt whose sandbox is up (``attempt_uri``: the store URI of
+        `TrialKeys.root`, as the set-up activity returns it)."""
+        return cls(attempt=attempt, checkpoints_uri=f"{attempt_uri.rstrip('/')}/{CHECKPOINTS_DIR}/")
+
+    def finished(self, trajectory_uri: str | None) -> AttemptRecord:
+        """The same attempt once its scaffold phase reported (``trajectory_uri`` None: no session)."""
+        return self.model_copy(update={"trajectory_uri": trajectory_uri, "complete": True})
+
+    @property
+    def uri(self) -> str | None:
+        """The one URI that names its trajectory: the final one, else (a lost attempt) the
+        checkpoint prefix; None for a model-free attempt."""
+        if self.trajectory_uri is not None:
+            return self.trajectory_uri
+        return None if self.complete else self.checkpoints_uri
+
+
+TrajectorySource = Literal["final", "checkpoints", "none"]
+
+
+@dataclass(frozen=True)
+class LoadedAttempt:
+    """What `load_attempt` read. ``source``: "final" (the attempt's own trajectory),
+    "checkpoints" (rebuilt from ``checkpoints`` per-turn deltas: the attempt was lost;
+    ``partial`` is True) or "none" (no trajectory: a model-free scaffold, a crash before the
+    first turn, or unreadable data, then ``error`` says why)."""
+
+    record: AttemptRecord
+    trajectory: Trajectory | None
+    source: TrajectorySource
+    checkpoints: int = 0
+    error: str | None = None
+
+    @property
+    def partial(self) -> bool:
+        return self.source == "checkpoints"
+
+
+def load_attempt(store: ResultStore, record: AttemptRecord) -> LoadedAttempt:
+    """Read one attempt's trajectory (see `LoadedAttempt`). Blocking; never raises for
+    missing or corrupt data (that is ``error``), only for a record of another store
+    (ValueError)."""
+    from proxy.trajectory import Trajectory, TrajectoryError
+
+    try:
+        if record.trajectory_uri is not None:
+            return LoadedAttempt(
+                record, Trajectory.from_bytes(store.get_bytes(record.trajectory_uri)), "final"
+            )
+        if record.complete:
+            return LoadedAttempt(record, None, "none")
+        keys = store.list_keys(store.key_of(record.checkpoints_uri.rstrip("/")) + "/")
+        if not keys:
+            return LoadedAttempt(record, None, "none", error="lost before its first checkpoint")
+        payloads = [store.get_bytes(k) for k in keys]
+        return LoadedAttempt(record, Trajectory.from_checkpoints(payloads), "checkpoints", len(payloads))
+    except (StorageError, TrajectoryError) as err:
+        return LoadedAttempt(record, None, "none", error=f"{type(err).__name__}: {err}")
+
+
+async def load_attempt_async(store: ResultStore, record: AttemptRecord) -> LoadedAttempt:
+    """`load_attempt` in a thread."""
+    return await asyncio.to_thread(load_attempt, store, record)

@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from trialflow.storage import AttemptRecord
+
 SHARED_QUEUE = "trialflow-shared"
 WORKFLOW_NAME = "TrialWorkflow"
 
@@ -155,7 +157,8 @@ class TrialResult(BaseModel):
     rewrites_template: int = 0
     timings: dict[str, float] = Field(default_factory=dict)  # phase -> seconds (summed over attempts)
     attempts: int = 0
-    trajectory_uris: list[str] = Field(default_factory=list)  # one per attempt, oldest first
+    # one per attempt that got a sandbox, oldest first (`trialflow.storage.load_attempt` reads them)
+    attempt_records: list[AttemptRecord] = Field(default_factory=list)
     logs_uri: str | None = None
     result_uri: str | None = None
     error: TrialError | None = None
@@ -177,6 +180,19 @@ class TrialResult(BaseModel):
     def failed(self) -> bool:
         """True when the trial ended by an error rather than an agent outcome."""
         return self.error is not None
+
+    @property
+    def trajectory_uris(self) -> list[str]:
+        """Each attempt's trajectory URI (`AttemptRecord.uri`: a lost attempt's checkpoint
+        prefix), model-free attempts left out. For display; read trajectories with
+        `trialflow.storage.load_attempt`."""
+        return [r.uri for r in self.attempt_records if r.uri is not None]
+
+    @property
+    def last_attempt(self) -> AttemptRecord | None:
+        """The record of the attempt whose outcome this result reports (None: no attempt got
+        a sandbox)."""
+        return self.attempt_records[-1] if self.attempt_records else None
 
 
 class TrialProgress(BaseModel):

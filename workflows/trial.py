@@ -12,9 +12,9 @@ Failure rules:
 - An agent timeout is an outcome (termination "timeout"); the sandbox is verified anyway.
 - A lost host (schedule-to-start / heartbeat / start-to-close timeout of an activity on the
   host queue) or a retryable scaffold-activity failure ends the attempt; the workflow starts
-  over with a new sandbox, up to `TrialSpec.attempt_limit` attempts. Every attempt's
-  trajectory URI (its final trajectory, or its checkpoint prefix when the worker died) is
-  listed in the result.
+  over with a new sandbox, up to `TrialSpec.attempt_limit` attempts. Every attempt that got a
+  sandbox has an `AttemptRecord` in the result (its final trajectory URI, its checkpoint
+  prefix, and whether it reported back: a lost attempt did not).
 - Set-up and verify failures are retried by their activity retry policies; a typed
   non-retryable `ApplicationError` (broken task, image that fails to build) ends the trial
   at once. Either way the error is returned as data (`TrialResult.error`), the workflow
@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.scaffold import ScaffoldActivities
     from activities.store import StoreActivities
     from activities.verify import VerifyActivities
+    from trialflow.storage import AttemptRecord
     from workflows.shared import (
         SA_BATCH,
         SA_REWARD,
@@ -122,7 +123,7 @@ class _Tally:
     """What the attempts add up to; folded into the TrialResult at the end."""
 
     timings: dict[str, float] = field(default_factory=dict)
-    trajectory_uris: list[str] = field(default_factory=list)
+    attempt_records: list[AttemptRecord] = field(default_factory=list)
     scaffold: ScaffoldOutput | None = None
     verify: VerifyOutput | None = None
     attempts: int = 0
@@ -256,7 +257,7 @@ class TrialWorkflow:
         )
         self._progress.host_queue = setup.host_queue
         # Until the scaffold reports, the attempt's checkpoints are all there is.
-        tally.trajectory_uris.append(f"{setup.attempt_uri}/checkpoints/")
+        tally.attempt_records.append(AttemptRecord.begun(attempt, setup.attempt_uri))
         try:
             await self._scaffold_and_verify(spec, attempt, tally, setup)
         finally:
@@ -299,10 +300,8 @@ class TrialWorkflow:
             **host,
         )
         tally.scaffold = scaffold
-        if scaffold.trajectory_uri:
-            tally.trajectory_uris[-1] = scaffold.trajectory_uri
-        else:  # a model-free scaffold (oracle, nop): no session, no trajectory
-            tally.trajectory_uris.pop()
+        # trajectory_uri None: a model-free scaffold (oracle, nop): no session, no trajectory
+        tally.attempt_records[-1] = tally.attempt_records[-1].finished(scaffold.trajectory_uri or None)
         self._progress.turns = scaffold.turns
         self._progress.prompt_tokens = scaffold.prompt_tokens
         self._progress.response_tokens = scaffold.response_tokens
@@ -441,7 +440,7 @@ class TrialWorkflow:
             response_tokens=scaffold.response_tokens if scaffold else self._progress.response_tokens,
             timings=tally.timings,
             attempts=tally.attempts,
-            trajectory_uris=tally.trajectory_uris,
+            attempt_records=tally.attempt_records,
             logs_uri=scaffold.logs_uri if scaffold else None,
             error=error,
         )

@@ -9,7 +9,6 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from trialflow.storage import trial_result_key
 from proxy.trajectory import SegmentHeader, Trajectory, TurnDelta, TurnRecord
 from trialflow.cli import app
 from trialflow.inspection import (
@@ -18,7 +17,7 @@ from trialflow.inspection import (
     result_view,
     trajectory_view,
 )
-from trialflow.storage import LocalStore, TrialKeys
+from trialflow.storage import AttemptRecord, LocalStore, TrialKeys, trial_result_key
 from workflows.shared import TrialError, TrialResult
 
 
@@ -147,13 +146,21 @@ def test_result_view_shows_termination_rewards_and_error():
 
 
 def _stored(tmp_path) -> LocalStore:
+    """t1: one complete attempt; t2: one lost attempt (its checkpoints only); t9: another batch."""
     store = LocalStore(tmp_path / "store")
-    for r in (_result("t2"), _result("t1", reward=0.0)):
+    t1, t2 = TrialKeys("b1", "t1", 1), TrialKeys("b1", "t2", 1)
+    final = store.put_bytes(t1.trajectory, sample_trajectory().to_bytes())
+    store.put_bytes(t2.checkpoint(0), sample_trajectory().to_bytes())
+    records = {
+        "t1": [AttemptRecord.begun(1, store.uri(t1.root)).finished(final)],
+        "t2": [AttemptRecord.begun(1, store.uri(t2.root))],
+    }
+    for r in (_result("t2", termination_reason="infra_error"), _result("t1", reward=0.0)):
+        r = r.model_copy(update={"attempt_records": records[r.trial_id]})
         store.put_bytes(trial_result_key(r.batch_id, r.trial_id), r.model_dump_json().encode())
-        # a per-attempt result beside the trajectory is not a trial result
-        store.put_bytes(TrialKeys(r.batch_id, r.trial_id, 1).result, b"{}")
+        # an object named result.json deeper down is not a trial result
+        store.put_bytes(f"{TrialKeys(r.batch_id, r.trial_id, 1).root}/logs/result.json", b"{}")
     store.put_bytes(trial_result_key("other", "t9"), _result("t9", "other").model_dump_json().encode())
-    store.put_bytes(TrialKeys("b1", "t1", 1).trajectory, sample_trajectory().to_bytes())
     return store
 
 
@@ -190,4 +197,12 @@ def test_inspect_command_renders_the_stored_trajectory(tmp_path, no_env):
     )
     assert res.exit_code == 0, res.output
     assert "attempt 1 (final trajectory)" in res.output and "length (overlong)" in res.output
-    assert "counters: turns 3" in res.output
+    assert "counters: turns 3" in res.output and "(complete)" in res.output
+    lost = CliRunner().invoke(
+        app,
+        ["inspect", "t2", "--batch-id", "b1", "--store-dir", str(tmp_path / "store")],
+        env={"COLUMNS": "200"},
+    )
+    assert lost.exit_code == 0, lost.output
+    assert "attempt 1 (partial: lost attempt, rebuilt from 1 checkpoints)" in lost.output
+    assert "counters: turns 3" in lost.output and "(lost: checkpoints only)" in lost.output

@@ -119,3 +119,17 @@ def test_empty_batch_renders(tmp_path):
     assert "no trials" in " ".join(p.text) and "no valid rewards" in doc
     path = write_report(tmp_path / "r" / "report.html", [], title="nothing")
     assert path.read_text() == doc
+
+
+def test_trajectory_state_follows_the_last_attempt():
+    from trialflow.report import trajectory_state
+    from trialflow.storage import AttemptRecord
+
+    begun = AttemptRecord.begun(1, "file:///s/b/t/attempt-1")
+    base = _result(0, "create-file", 1.0)
+    states = [
+        trajectory_state(base.model_copy(update={"attempt_records": records}))
+        for records in ([], [begun.finished(None)], [begun.finished("file:///s/x.npz")], [begun])
+    ]
+    assert states == ["none", "none", "final", "partial"]
+    assert ">partial<" in render_report([base.model_copy(update={"attempt_records": [begun]})], title="t")

@@ -6,14 +6,20 @@ import uuid
 import pytest
 
 from proxy.checkpoint import CheckpointSink
+from proxy.trajectory import Trajectory
+from tests.verl._support import Turn, add_segment
 from trialflow.errors import ObjectNotFound, StorageError
 from trialflow.storage import (
+    AttemptRecord,
     LocalStore,
     ResultStore,
     S3Store,
     StoreCheckpointSink,
     TrialKeys,
+    load_attempt,
+    trial_result_key,
 )
+from workflows.shared import TrialResult
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -35,7 +41,8 @@ def test_key_layout():
     assert k.trajectory == "batches/b1/trials/trial-b1-x-0/attempt-2/trajectory.npz"
     assert k.checkpoint(7) == "batches/b1/trials/trial-b1-x-0/attempt-2/checkpoints/000007.npz"
     assert k.log("scaffold.log") == "batches/b1/trials/trial-b1-x-0/attempt-2/logs/scaffold.log"
-    assert k.result == "batches/b1/trials/trial-b1-x-0/attempt-2/result.json"
+    assert trial_result_key("b1", "trial-b1-x-0") == "batches/b1/trials/trial-b1-x-0/result.json"
+    assert not hasattr(k, "result")  # one result per trial, none per attempt
     with pytest.raises(ValueError):
         k.log("../escape")
 
@@ -88,8 +95,9 @@ async def test_async_helpers_and_checkpoint_sink(store):
     await asyncio.gather(*(sink.write("sess", seq, f"delta-{seq}".encode()) for seq in range(3)))
     assert store.list_keys(keys.checkpoints) == [keys.checkpoint(i) for i in range(3)]
     assert await store.get(keys.checkpoint(2)) == b"delta-2"
-    uri = await store.put(keys.result, b"{}")
-    assert uri == store.uri(keys.result)
+    uri = await store.put(trial_result_key("b", "t"), b"{}")
+    assert uri == store.uri(trial_result_key("b", "t"))
+    assert sink.key(5) == keys.checkpoint(5)  # one key format
 
 
 def test_local_store_writes_atomically_and_hides_temp_files(tmp_path):
@@ -121,3 +129,53 @@ def test_s3_create_bucket_and_prefix_layout(s3_endpoint):
     S3Store(
         s3_endpoint.endpoint_url, bucket, access_key="a", secret_key="b", create_bucket=True
     )  # exists: fine
+
+
+def _two_turn_checkpoints(store: ResultStore, keys: TrialKeys) -> Trajectory:
+    """Write a two-turn trajectory's per-turn deltas as the session's sink would; return it."""
+    traj = Trajectory(session_id="sess")
+    mark = traj.mark()
+    for seq, prompt in enumerate(([1, 2, 3], [7, 8])):
+        add_segment(traj, prompt, [Turn(gen=[4, 5, 6])])
+        store.put_bytes(keys.checkpoint(seq), traj.delta_since(mark))
+        mark = traj.mark()
+    return traj
+
+
+def test_one_loader_for_final_lost_and_model_free_attempts(store):
+    keys = TrialKeys("b", "t", 1)
+    traj = _two_turn_checkpoints(store, keys)
+    lost = AttemptRecord.begun(1, store.uri(keys.root))
+    assert lost.checkpoints_uri == store.uri(keys.checkpoints) + "/" and lost.uri == lost.checkpoints_uri
+    got = load_attempt(store, lost)
+    assert (got.source, got.partial, got.checkpoints, got.error) == ("checkpoints", True, 2, None)
+    assert got.trajectory.to_bytes() == traj.to_bytes()  # exactly the pre-crash tokens
+
+    final_uri = store.put_bytes(keys.trajectory, traj.to_bytes())
+    done = lost.finished(final_uri)
+    got = load_attempt(store, done)
+    assert (got.source, got.partial, done.uri) == ("final", False, final_uri)
+    assert got.trajectory.to_bytes() == traj.to_bytes()
+
+    model_free = AttemptRecord.begun(2, store.uri(TrialKeys("b", "t", 2).root)).finished(None)
+    got = load_attempt(store, model_free)
+    assert (got.source, got.trajectory, got.error, model_free.uri) == ("none", None, None, None)
+
+    early = load_attempt(store, AttemptRecord.begun(3, store.uri(TrialKeys("b", "t", 3).root)))
+    assert early.source == "none" and "before its first checkpoint" in early.error
+
+    store.put_bytes(TrialKeys("b", "t", 4).checkpoint(0), b"not npz")
+    broken = load_attempt(store, AttemptRecord.begun(4, store.uri(TrialKeys("b", "t", 4).root)))
+    assert broken.source == "none" and broken.error.startswith("TrajectoryError")
+
+    result = TrialResult(
+        trial_id="t",
+        batch_id="b",
+        task_name="x",
+        scaffold="s",
+        sample_index=0,
+        termination_reason="infra_error",
+        attempt_records=[done, model_free, lost],
+    )
+    again = TrialResult.model_validate_json(result.model_dump_json())
+    assert again.last_attempt == lost and again.trajectory_uris == [final_uri, lost.checkpoints_uri]

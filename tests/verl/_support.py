@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from proxy.trajectory import SegmentHeader, Trajectory, TurnDelta, TurnRecord
+from trialflow.storage import AttemptRecord
 from workflows.shared import TrialResult
 
 LAYERS, TOP_K = 2, 2
@@ -80,7 +81,14 @@ def result(reward: float = 1.0, valid: bool = True, termination: str = "submitte
         reward_valid=valid,
         termination_reason=termination,
         timings={"setup": 1.0, "scaffold": 3.0, "verify": 0.5},
-        trajectory_uris=["s3://bucket/trials/trial-b-t-0/attempt-1/trajectory.npz"],
+        attempt_records=[
+            AttemptRecord(
+                attempt=1,
+                checkpoints_uri="s3://bucket/trials/trial-b-t-0/attempt-1/checkpoints/",
+                trajectory_uri="s3://bucket/trials/trial-b-t-0/attempt-1/trajectory.npz",
+                complete=True,
+            )
+        ],
     )
     base.update(kw)
     return TrialResult(**base)

@@ -34,20 +34,16 @@ def inspect(
     store_dir: StoreDirOpt = None,
 ) -> None:
     """Print a trial's stored result and every attempt's trajectory, turn by turn."""
-    from trialflow.inspection import load_attempt_trajectory, result_view, trajectory_view
-    from trialflow.storage import open_store, trial_result_key
+    from trialflow.inspection import attempt_view, result_view
+    from trialflow.storage import load_attempt, open_store, trial_result_key
 
     settings = settings_from_flags(temporal=temporal, s3=s3, store_dir=store_dir)
     batch_id = batch_id or _trial_batch(settings, trial_id)
     store = open_store(settings)
     result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(batch_id, trial_id)))
     console.print(result_view(result))
-    for attempt in range(1, result.attempts + 1):
-        traj, source = load_attempt_trajectory(store, batch_id, trial_id, attempt)
-        if traj is None:
-            console.print(f"[bold]attempt {attempt}[/]: no trajectory (a model-free scaffold)")
-            continue
-        console.print(trajectory_view(traj, f"attempt {attempt} ({source} trajectory)"))
+    for record in result.attempt_records:
+        console.print(attempt_view(load_attempt(store, record)))
 
 
 def report(

@@ -106,6 +106,9 @@ class LoopConfig(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=dict)  # added to verl's sampling params
     attempt_limit: int = 3
     agent_timeout_s: float | None = None
+    # how fast a lost host is noticed (None: TrialSpec's defaults, 30 s / 120 s)
+    heartbeat_timeout_s: float | None = None
+    host_schedule_timeout_s: float | None = None
     trial_timeout_s: float | None = None  # None: wait as long as the trial runs
     cancel_wait_s: float = 30.0
     task_queue: str | None = None  # None: settings.task_queue
@@ -311,6 +314,11 @@ class TemporalAgentLoop(AgentLoopBase):
             sample_index=ident.sample_index,
             attempt_limit=row.attempt_limit or cfg.attempt_limit,
             agent_timeout_s=row.agent_timeout_s or cfg.agent_timeout_s,
+            **{
+                k: v
+                for k in ("heartbeat_timeout_s", "host_schedule_timeout_s")
+                if (v := getattr(cfg, k)) is not None
+            },
             model=cfg.model or str(self.config.actor_rollout_ref.model.path),
             sampling=sampling,
             replicas=await self._replicas(),
@@ -351,6 +359,8 @@ class TemporalAgentLoop(AgentLoopBase):
         fields = extra_fields(converted, sample, trial.result)
         fields["trial_cancelled"] = trial.cancelled
         fields["trajectory_error"] = trial.load_error
+        # a lost last attempt: the tokens before the crash, rebuilt from its checkpoints
+        fields["trajectory_partial"] = trial.partial
         return AgentLoopOutput(
             **sample.output_fields(),
             reward_score=converted.reward_score,

@@ -255,7 +255,7 @@ def extra_fields(converted: ConvertedTrial, sample: LoopSample, result: TrialRes
         "termination_reason": result.termination_reason,
         "reward_valid": result.reward_valid,
         "rewards": dict(result.rewards),
-        "trajectory_uri": result.trajectory_uris[-1] if result.trajectory_uris else None,
+        "trajectory_uri": result.last_attempt.uri if result.last_attempt else None,
         "result_uri": result.result_uri,
         "trial_error": result.error.type if result.error is not None else None,
         "trial_timings": dict(result.timings),

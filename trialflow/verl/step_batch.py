@@ -23,10 +23,12 @@ submits with "use the existing run" semantics, so a restarted caller that submit
 same specs waits on the running workflows (or reads the finished ones) instead of
 starting them again.
 
-Reading: as each result arrives its last attempt's trajectory (``trajectory_uris[-1]``) is
-read from the store in a thread, so reading overlaps the wait for the stragglers. A
-trajectory that cannot be read leaves ``trajectory`` None and the reason in
-``load_error`` (the trial is still returned; callers decide).
+Reading: as each result arrives its last attempt's trajectory (``result.last_attempt``, read
+by `trialflow.storage.load_attempt`) is read from the store in a thread, so reading overlaps
+the wait for the stragglers. A lost last attempt (its worker died) gives the trajectory
+rebuilt from its checkpoints, with ``partial`` set. A trajectory that cannot be read leaves
+``trajectory`` None and the reason in ``load_error`` (the trial is still returned; callers
+decide).
 
 Timings (`time.monotonic()` seconds relative to ``StepBatch.started``): ``result_s`` when
 the result reached us, ``loaded_s`` when its trajectory was read; ``StepBatch.ready_s``
@@ -45,10 +47,9 @@ from typing import Literal
 
 from temporalio.client import Client, WorkflowHandle
 
-from proxy.trajectory import Trajectory, TrajectoryError
+from proxy.trajectory import Trajectory
 from trialflow import batch as trial_batch
-from trialflow.errors import StorageError
-from trialflow.storage import ResultStore
+from trialflow.storage import LoadedAttempt, ResultStore, load_attempt_async
 from workflows.shared import SHARED_QUEUE, TrialError, TrialResult, TrialSpec
 
 
@@ -83,6 +84,7 @@ class StepTrial:
     result: TrialResult
     trajectory: Trajectory | None = None
     load_error: str | None = None
+    partial: bool = False  # the trajectory was rebuilt from a lost attempt's checkpoints
     cancelled: bool = False
     result_s: float = 0.0
     loaded_s: float = 0.0
@@ -114,16 +116,11 @@ def cancelled_result(spec: TrialSpec, message: str) -> TrialResult:
     )
 
 
-async def load_trajectory(store: ResultStore, result: TrialResult) -> tuple[Trajectory | None, str | None]:
-    """(trajectory of the last attempt, None) or (None, why not). Never raises for data errors."""
-    if not result.trajectory_uris:
-        return None, "no trajectory recorded"
-    uri = result.trajectory_uris[-1]
-    try:
-        payload = await store.get(uri)
-        return await asyncio.to_thread(Trajectory.from_bytes, payload), None
-    except (StorageError, TrajectoryError, ValueError) as err:
-        return None, f"{type(err).__name__}: {err}"
+async def load_trajectory(store: ResultStore, result: TrialResult) -> LoadedAttempt | None:
+    """The last attempt's trajectory as `trialflow.storage.load_attempt` reads it; None when
+    no attempt got a sandbox. Never raises for data errors (``LoadedAttempt.error``)."""
+    record = result.last_attempt
+    return None if record is None else await load_attempt_async(store, record)
 
 
 async def run_step(
@@ -145,7 +142,15 @@ async def run_step(
         result = await trial_batch.wait_one(handles[i], specs[i])
         trial = StepTrial(spec=specs[i], result=result, result_s=time.monotonic() - started)
         if load_trajectories:
-            trial.trajectory, trial.load_error = await load_trajectory(store, result)
+            loaded = await load_trajectory(store, result)
+            if loaded is None:
+                trial.load_error = "no attempt recorded"
+            else:
+                trial.trajectory, trial.load_error, trial.partial = (
+                    loaded.trajectory,
+                    loaded.error,
+                    loaded.partial,
+                )
         trial.loaded_s = time.monotonic() - started
         slots[i] = trial
 
