@@ -61,6 +61,23 @@ async def run_cli(
     return proc.returncode, out, err
 
 
+ANTHROPIC_AGENT_KWARGS = dict(
+    model="claude-test",
+    max_tokens=200,
+    system="You are a coding agent.",
+    tools=ANTHROPIC_TOOLS,
+    thinking={"type": "enabled", "budget_tokens": 100},
+)
+
+
+async def ask_anthropic(client, messages, *, stream: bool, **kwargs):
+    """The final ``Message`` of one request, streamed (the SDK's accumulator) or not."""
+    if not stream:
+        return await client.messages.create(messages=messages, **kwargs)
+    async with client.messages.stream(messages=messages, **kwargs) as s:
+        return await s.get_final_message()
+
+
 def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(str(model_dir))
 

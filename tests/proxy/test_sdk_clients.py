@@ -13,7 +13,13 @@ import openai
 import pytest
 
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
-from tests.proxy._support import ANTHROPIC_TOOLS, BASH_TOOL_CALL, OPENAI_TOOLS, proxy_server
+from tests.proxy._support import (
+    ANTHROPIC_AGENT_KWARGS,
+    BASH_TOOL_CALL,
+    OPENAI_TOOLS,
+    ask_anthropic,
+    proxy_server,
+)
 
 THINK_THEN_CALL = "<think>\nI should list the files.\n</think>\n\n" + BASH_TOOL_CALL
 
@@ -42,19 +48,9 @@ async def test_anthropic_sdk_tool_round_trip(tok, stream):
             h = srv.open_session()
             client = anthropic.AsyncAnthropic(base_url=h.anthropic_base_url, api_key="dummy", max_retries=0)
             messages = [{"role": "user", "content": "What files are here?"}]
-            kwargs = dict(
-                model="claude-test",
-                max_tokens=200,
-                system="You are a coding agent.",
-                tools=ANTHROPIC_TOOLS,
-                thinking={"type": "enabled", "budget_tokens": 100},
-            )
 
             async def ask(msgs):
-                if not stream:
-                    return await client.messages.create(messages=msgs, **kwargs)
-                async with client.messages.stream(messages=msgs, **kwargs) as s:
-                    return await s.get_final_message()
+                return await ask_anthropic(client, msgs, stream=stream, **ANTHROPIC_AGENT_KWARGS)
 
             first = await ask(messages)
             assert [b.type for b in first.content] == ["thinking", "tool_use"]
