@@ -59,6 +59,19 @@ def _encoding() -> Any:
         ) from e
 
 
+@functools.lru_cache(maxsize=1)
+def _special_tokens() -> frozenset[str]:
+    return frozenset(_encoding().special_tokens_set)
+
+
+@functools.lru_cache(maxsize=256)
+def _special_id(text: str) -> int:
+    # allowed_special="all" (not {text}): harmony compiles a regex of every other special
+    # token for each call that disallows some (~1 ms each)
+    (token,) = _encoding().encode(text, allowed_special="all")
+    return int(token)
+
+
 class HarmonyToolParser:
     markup: ClassVar[frozenset[str]] = frozenset(
         {"<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", *MESSAGE_ENDS}
@@ -66,15 +79,15 @@ class HarmonyToolParser:
 
     def __init__(self) -> None:
         self._enc = _encoding()
-        self._special = frozenset(self._enc.special_tokens_set)
-        self._ends = frozenset(self._enc.encode(t, allowed_special="all")[0] for t in MESSAGE_ENDS)
-        (self._message,) = self._enc.encode("<|message|>", allowed_special="all")
+        self._special = _special_tokens()
+        self._ends = frozenset(_special_id(t) for t in MESSAGE_ENDS)
+        self._message = _special_id("<|message|>")
 
     def _ids(self, pieces: Sequence[Piece]) -> list[int]:
         ids: list[int] = []
         for p in pieces:
             if isinstance(p, Markup) and p.text in self._special:
-                ids.extend(self._enc.encode(p.text, allowed_special={p.text}))
+                ids.append(_special_id(p.text))
                 continue
             text = p if isinstance(p, str) else p.text
             # BPE is quadratic in the length of one pre-token (a run of 30K "=" is one), so
