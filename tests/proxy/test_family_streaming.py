@@ -227,3 +227,28 @@ async def test_markup_the_model_spells_in_its_answer_reaches_both_clients_as_tex
             assert (c.parse_failures, c.tool_calls) == (0, 0)
             await a.close()
             await o.close()
+
+
+@pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "non-thinking"])
+async def test_deepseek_prompt_decides_whether_a_cut_off_output_is_reasoning(family_toks, thinking):
+    """DeepSeek-V3.1's template ends the prompt with ``<think>`` in thinking mode (the model
+    never writes the opener) and with ``</think>`` otherwise: the same cut-off text is
+    reasoning in the first case and the answer in the second."""
+    tok = family_toks["deepseek_v31"]
+    ids = tok.encode("half a thought about the", add_special_tokens=False)
+    async with ScriptedVLLM(tok, script=[Reply(token_ids=ids, finish_reason="length")]) as dbl:
+        async with proxy_server(tok, dbl.url) as srv:
+            h = srv.open_session()
+            client = openai.AsyncOpenAI(base_url=h.openai_base_url, api_key="dummy", max_retries=0)
+            r = await client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "hi"}],
+                reasoning_effort="high" if thinking else "none",
+            )
+            prompt = tok.decode(dbl.requests[0]["prompt"][-3:], skip_special_tokens=False)
+            assert prompt.endswith("<think>" if thinking else "</think>")
+            msg = r.choices[0].message
+            got = (msg.model_extra.get("reasoning_content"), msg.content, r.choices[0].finish_reason)
+            text = "half a thought about the"
+            assert got == ((text, "", "length") if thinking else (None, text, "length"))
+            await client.close()
