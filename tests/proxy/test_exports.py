@@ -52,3 +52,29 @@ def test_importing_chat_does_not_pull_io_stack():
     code = "import sys, proxy.chat; print(sorted(m for m in ('aiohttp', 'numpy', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_parser_exports_are_pinned():
+    import proxy.parsers
+
+    assert set(proxy.parsers.__all__) == {
+        "REASONING_PARSERS",
+        "TOOL_PARSERS",
+        "ExtractedCalls",
+        "HarmonyUnavailable",
+        "Markup",
+        "OutputDecoder",
+        "Piece",
+        "Registry",
+        "check_parsers",
+        "markup_of",
+        "parse_output",
+        "starts_inside_reasoning",
+        "strip_text_suffix",
+        "text_of",
+    }
+    assert all(hasattr(proxy.parsers, n) for n in proxy.parsers.__all__)
+    # importing the parsers does not load openai-harmony (it is imported on first harmony use)
+    code = "import sys, proxy.parsers; print('openai_harmony' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
