@@ -12,6 +12,7 @@ back and converting them (what the trainer does after the last trial), dense and
 Part 2 (pure): bytes per token of the stored trajectory (npz, compressed) for a multi-turn
 conversation, with and without routed experts, at a dense size and an MoE size.
 
+    (S3 keys from TRIALFLOW_S3_ACCESS_KEY / TRIALFLOW_S3_SECRET_KEY, as `trialflow up` prints them)
     python bench/verl_gather.py --temporal 127.0.0.1:17233 --s3 http://127.0.0.1:18333 --trials 64
     python bench/verl_gather.py --only-bytes
 """
@@ -104,8 +105,6 @@ async def gather_bench(args: argparse.Namespace) -> dict:
         s3_endpoint=args.s3,
         s3_bucket="trialflow-bench",
         s3_prefix=f"bench-{suffix}",
-        s3_access_key="trialflow",
-        s3_secret_key="trialflow",
         worker_id=f"bench-{suffix}",
         max_concurrent_trials=args.concurrency,
         drain_grace_s=5,
@@ -170,8 +169,6 @@ async def read_bench(args: argparse.Namespace) -> list[dict]:
         s3_endpoint=args.s3,
         s3_bucket="trialflow-bench",
         s3_prefix=f"read-{uuid.uuid4().hex[:8]}",
-        s3_access_key="trialflow",
-        s3_secret_key="trialflow",
     )
     store = open_store(settings)
     rows = []

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import secrets
 import shutil
 import sys
 import urllib.error
@@ -60,6 +61,7 @@ class Service:
     endpoint: str
     process: ManagedProcess | None = None
     stop_grace_s: float = 10.0
+    credentials: S3Credentials | None = None  # S3 only: the keys requests must be signed with
 
     @property
     def owned(self) -> bool:
@@ -165,26 +167,65 @@ def start_temporal(
 # --- SeaweedFS (S3) -----------------------------------------------------------------
 
 
-def s3_client(endpoint_url: str) -> Any:
-    """A boto3 S3 client for an embedded SeaweedFS (no auth configured: any key works)."""
+@dataclass(frozen=True)
+class S3Credentials:
+    """An S3 identity (access key id + secret key) of the embedded SeaweedFS."""
+
+    access_key: str
+    secret_key: str
+
+    @classmethod
+    def generate(cls) -> S3Credentials:
+        return cls(f"tf{secrets.token_hex(8)}", secrets.token_urlsafe(30))
+
+    @classmethod
+    def load_or_create(cls, path: Path) -> S3Credentials:
+        """The pair stored at `path` (JSON, mode 0600), created on first use, so a restarted
+        or reused SeaweedFS keeps its keys."""
+        if path.is_file():
+            data = json.loads(path.read_text())
+            return cls(data["access_key"], data["secret_key"])
+        creds = cls.generate()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"access_key": creds.access_key, "secret_key": creds.secret_key}, fh)
+        return creds
+
+    def seaweedfs_config(self) -> dict[str, Any]:
+        """SeaweedFS's `-s3.config` JSON: this one identity, allowed everything; every
+        request without its signature is refused (AccessDenied)."""
+        return {
+            "identities": [
+                {
+                    "name": "trialflow",
+                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
+
+
+def s3_client(endpoint_url: str, credentials: S3Credentials) -> Any:
+    """A boto3 S3 client for an embedded SeaweedFS signing with `credentials`."""
     import boto3
     from botocore.config import Config
 
     return boto3.client(
         "s3",
         endpoint_url=endpoint_url,
-        aws_access_key_id="trialflow",
-        aws_secret_access_key="trialflow",
+        aws_access_key_id=credentials.access_key,
+        aws_secret_access_key=credentials.secret_key,
         region_name="us-east-1",
         config=Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}),
     )
 
 
-def s3_answers(endpoint_url: str) -> bool:
+def s3_answers(endpoint_url: str, credentials: S3Credentials) -> bool:
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        s3_client(endpoint_url).list_buckets()
+        s3_client(endpoint_url, credentials).list_buckets()
         return True
     except (BotoCoreError, ClientError):  # connection refused, 5xx while the filer starts: not ready
         return False
@@ -192,21 +233,30 @@ def s3_answers(endpoint_url: str) -> bool:
 
 @dataclass(frozen=True)
 class S3Bucket:
-    """Where results go: an S3 endpoint URL and a bucket on it."""
+    """Where results go: an S3 endpoint URL, a bucket on it and the keys to use."""
 
     endpoint_url: str
     bucket: str
+    credentials: S3Credentials
+
+    @property
+    def access_key(self) -> str:
+        return self.credentials.access_key
+
+    @property
+    def secret_key(self) -> str:
+        return self.credentials.secret_key
 
     def client(self) -> Any:
-        return s3_client(self.endpoint_url)
+        return s3_client(self.endpoint_url, self.credentials)
 
 
-def create_bucket(endpoint_url: str, bucket: str) -> None:
+def create_bucket(endpoint_url: str, bucket: str, credentials: S3Credentials) -> None:
     """Create `bucket`; an existing bucket is fine (idempotent)."""
     from botocore.exceptions import ClientError
 
     try:
-        s3_client(endpoint_url).create_bucket(Bucket=bucket)
+        s3_client(endpoint_url, credentials).create_bucket(Bucket=bucket)
     except ClientError as exc:
         # Asked again for a bucket that exists: SeaweedFS's bucket listing can lag
         # right after creation, so asking the server is the only reliable check.
@@ -218,9 +268,18 @@ def create_bucket(endpoint_url: str, bucket: str) -> None:
 
 
 def start_seaweedfs(
-    data_dir: Path, *, s3_port: int | None = None, reuse: bool = False, ready_timeout_s: float = 60
+    data_dir: Path,
+    *,
+    s3_port: int | None = None,
+    credentials: S3Credentials | None = None,
+    reuse: bool = False,
+    ready_timeout_s: float = 60,
 ) -> Service:
     """Run `weed server` (master + volume + filer + S3) with data and log under `data_dir`.
+
+    S3 requests must be signed with `credentials` (`-s3.config`: one identity); None: the
+    pair in `data_dir/s3-credentials.json`, created with random keys on first use. The
+    returned Service carries them (`Service.credentials`), as does a reused one.
 
     Every internal port (master, volume, filer and their gRPC ports) is chosen free,
     and the Iceberg/Lance side servers are disabled, so two instances never collide.
@@ -229,9 +288,14 @@ def start_seaweedfs(
     """
     s3_port = s3_port or free_port()
     endpoint = f"http://{HOST}:{s3_port}"
-    if reuse and s3_answers(endpoint):
-        return Service("seaweedfs", endpoint)
+    creds = credentials or S3Credentials.load_or_create(data_dir / "s3-credentials.json")
+    if reuse and s3_answers(endpoint, creds):
+        return Service("seaweedfs", endpoint, credentials=creds)
     data_dir.mkdir(parents=True, exist_ok=True)
+    identities = data_dir / "s3-identities.json"
+    fd = os.open(identities, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(creds.seaweedfs_config(), fh)
     ports = {
         "s3.port.grpc": free_port(), "master.port": free_port(), "master.port.grpc": free_port(),
         "volume.port": free_port(), "volume.port.grpc": free_port(), "filer.port": free_port(),
@@ -241,12 +305,13 @@ def start_seaweedfs(
         str(venv_binary("weed")), "server", f"-dir={data_dir}", f"-ip={HOST}", f"-ip.bind={HOST}",
         "-s3", f"-s3.port={s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-filer",
         "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=0",
+        f"-s3.config={identities}",
     ]  # fmt: skip
     argv += [f"-{flag}={value}" for flag, value in ports.items()]
     proc = ManagedProcess(f"seaweedfs:{s3_port}", argv, data_dir / "weed.log", cwd=data_dir).start()
-    proc.wait_ready(lambda: s3_answers(endpoint), ready_timeout_s)
+    proc.wait_ready(lambda: s3_answers(endpoint, creds), ready_timeout_s)
     # It ignores SIGTERM for 15 s+ and its writes are synced per request: kill it soon.
-    return Service("seaweedfs", endpoint, proc, stop_grace_s=3.0)
+    return Service("seaweedfs", endpoint, proc, stop_grace_s=3.0, credentials=creds)
 
 
 # --- Docker engine ------------------------------------------------------------------
@@ -472,6 +537,7 @@ class EmbeddedInfra:
         model_dir: Path | None = None,
         served_model_name: str = "tiny",
         docker: bool = True,
+        s3_credentials: S3Credentials | None = None,
     ) -> None:
         self.state_dir = state_dir or REPO_ROOT / ".trialflow"
         self.ports = ports
@@ -480,11 +546,20 @@ class EmbeddedInfra:
         self.served_model_name = served_model_name
         self._given_vllm_urls = list(vllm_urls)
         self._want_docker = docker
+        self._s3_credentials = s3_credentials  # None: <state_dir>/seaweedfs/s3-credentials.json
         self.services: list[Service] = []
 
     @property
     def temporal_address(self) -> str:
         return self._endpoint("temporal")
+
+    @property
+    def s3_credentials(self) -> S3Credentials:
+        """The keys of the embedded SeaweedFS (kept in `<state_dir>/seaweedfs/s3-credentials.json`)."""
+        for service in self.services:
+            if service.name == "seaweedfs" and service.credentials is not None:
+                return service.credentials
+        raise LookupError("seaweedfs is not running in this EmbeddedInfra (call start() first)")
 
     @property
     def s3_endpoint(self) -> str:
@@ -510,9 +585,15 @@ class EmbeddedInfra:
                     ui_port=self.ports.temporal_ui, reuse=True,
                 )
             )  # fmt: skip
-            s3 = start_seaweedfs(self.state_dir / "seaweedfs", s3_port=self.ports.s3, reuse=True)
+            s3 = start_seaweedfs(
+                self.state_dir / "seaweedfs",
+                s3_port=self.ports.s3,
+                credentials=self._s3_credentials,
+                reuse=True,
+            )
             self.services.append(s3)
-            create_bucket(s3.endpoint, self.bucket)
+            assert s3.credentials is not None
+            create_bucket(s3.endpoint, self.bucket, s3.credentials)
             if self._want_docker:
                 self.services.append(ensure_dockerd(logs / "dockerd.log"))
             if not self._given_vllm_urls:

@@ -5,7 +5,8 @@ parallel pytest runs never collide, and stops what it started at the end.
 
 Fixtures:
     temporal_address   "host:port" of a Temporal dev server (trial search attributes registered)
-    s3_endpoint        infra.S3Bucket: endpoint_url of a SeaweedFS S3 + a fresh, created bucket
+    s3_endpoint        infra.S3Bucket: endpoint_url of a SeaweedFS S3 with S3 identities (random keys:
+                       `.access_key`, `.secret_key`) + a fresh, created bucket
     docker_client      docker SDK client of a running engine (started if needed, never stopped)
     no_leaked_containers  asserts a test leaves no new `trialflow.managed=true` container behind
     tiny_model_dir     Path of the tiny model (trialflow.tinymodel), cached under <repo>/.cache
@@ -19,7 +20,8 @@ so e.g. `pytest -m "not vllm"` skips everything needing vLLM.
 Environment overrides, to point the suite at services that already run (for example the
 shared dev services listed in <repo>/.cache/dev-services.txt: `set -a; . .cache/dev-services.txt`):
     TRIALFLOW_TEST_TEMPORAL=host:port     use this Temporal frontend
-    TRIALFLOW_TEST_S3=http://host:port    use this S3 endpoint (a fresh bucket is still created)
+    TRIALFLOW_TEST_S3=http://host:port    use this S3 endpoint (a fresh bucket is still created), with
+    TRIALFLOW_TEST_S3_ACCESS_KEY / _SECRET_KEY  its keys
     TRIALFLOW_TEST_VLLM_URL=http://host:port  use this vLLM server; set together with
     TRIALFLOW_TEST_MODEL_DIR=/path        the model directory that server serves
     TRIALFLOW_TEST_VLLM_MODEL=name        its served model name (default "tiny")
@@ -39,6 +41,7 @@ import pytest
 from infra import (
     REPO_ROOT,
     S3Bucket,
+    S3Credentials,
     cached_tiny_model,
     create_bucket,
     ensure_dockerd,
@@ -87,10 +90,17 @@ def temporal_address(services_dir: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def s3_endpoint(services_dir: Path) -> Iterator[S3Bucket]:
     endpoint = os.environ.get("TRIALFLOW_TEST_S3")
-    service = None if endpoint else start_seaweedfs(services_dir / "seaweedfs")
-    endpoint = endpoint or service.endpoint
-    bucket = S3Bucket(endpoint, f"test-{uuid.uuid4().hex[:12]}")
-    create_bucket(bucket.endpoint_url, bucket.bucket)
+    if endpoint:
+        creds = S3Credentials(
+            os.environ.get("TRIALFLOW_TEST_S3_ACCESS_KEY", ""),
+            os.environ.get("TRIALFLOW_TEST_S3_SECRET_KEY", ""),
+        )
+        service = None
+    else:  # SeaweedFS with one S3 identity of fresh random keys: unsigned requests are refused
+        service = start_seaweedfs(services_dir / "seaweedfs", credentials=S3Credentials.generate())
+        endpoint, creds = service.endpoint, service.credentials
+    bucket = S3Bucket(endpoint, f"test-{uuid.uuid4().hex[:12]}", creds)
+    create_bucket(bucket.endpoint_url, bucket.bucket, creds)
     yield bucket
     if service is not None:
         service.stop()

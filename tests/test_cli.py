@@ -33,8 +33,8 @@ def cli_env(temporal_address, s3_endpoint, docker_client) -> dict[str, str]:
         "TRIALFLOW_S3_ENDPOINT": s3_endpoint.endpoint_url,
         "TRIALFLOW_S3_BUCKET": s3_endpoint.bucket,
         "TRIALFLOW_S3_PREFIX": f"cli-{suffix}",
-        "TRIALFLOW_S3_ACCESS_KEY": "trialflow",
-        "TRIALFLOW_S3_SECRET_KEY": "trialflow",
+        "TRIALFLOW_S3_ACCESS_KEY": s3_endpoint.access_key,
+        "TRIALFLOW_S3_SECRET_KEY": s3_endpoint.secret_key,
         "TRIALFLOW_WORKER_ID": f"cli-{suffix}",
         "TRIALFLOW_DRAIN_GRACE_S": "5",
         "COLUMNS": "250",  # keep rich tables on one line per row

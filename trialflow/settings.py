@@ -34,7 +34,9 @@ class TrialflowSettings(BaseSettings):
     s3_endpoint: str | None = None
     s3_bucket: str = "trialflow"
     s3_prefix: str = ""
-    # None: boto3's credential chain. SeaweedFS without auth accepts any pair.
+    # None: boto3's credential chain (AWS_* variables, ~/.aws). The embedded SeaweedFS has one
+    # S3 identity; `trialflow up` prints its keys (TRIALFLOW_S3_ACCESS_KEY / _SECRET_KEY) and
+    # keeps them in .trialflow/seaweedfs/s3-credentials.json.
     s3_access_key: str | None = None
     s3_secret_key: str | None = None
     store_dir: Path = Path(".trialflow/store")

@@ -18,6 +18,7 @@ from infra import (
     TRIAL_SEARCH_ATTRIBUTES,
     EmbeddedInfra,
     InfraPorts,
+    S3Credentials,
     ServiceStartError,
     create_bucket,
     docker_answers,
@@ -111,10 +112,13 @@ def test_temporal_restarts_on_its_persisted_state(tmp_path: Path) -> None:
 @pytest.mark.s3
 def test_seaweedfs_serves_s3_and_stops_despite_ignoring_sigterm(tmp_path: Path) -> None:
     service = start_seaweedfs(tmp_path)
+    creds = service.credentials
+    assert creds is not None and creds == S3Credentials.load_or_create(tmp_path / "s3-credentials.json")
+    assert oct((tmp_path / "s3-credentials.json").stat().st_mode & 0o777) == "0o600"
     try:
-        create_bucket(service.endpoint, "results")
-        create_bucket(service.endpoint, "results")  # idempotent
-        client = s3_client(service.endpoint)
+        create_bucket(service.endpoint, "results", creds)
+        create_bucket(service.endpoint, "results", creds)  # idempotent
+        client = s3_client(service.endpoint, creds)
         client.put_object(Bucket="results", Key="trials/t1/trajectory.npz", Body=b"\x00\x01payload")
         got = client.get_object(Bucket="results", Key="trials/t1/trajectory.npz")["Body"].read()
         assert got == b"\x00\x01payload"
@@ -123,21 +127,54 @@ def test_seaweedfs_serves_s3_and_stops_despite_ignoring_sigterm(tmp_path: Path) 
         service.stop(grace_s=2)
     assert time.monotonic() - started < 10
     assert _wait_gone(service.process.pid)
-    assert not s3_answers(service.endpoint)
+    assert not s3_answers(service.endpoint, creds)
+
+
+@pytest.mark.s3
+def test_seaweedfs_refuses_requests_without_its_keys(s3_endpoint) -> None:
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    key = f"probe-{uuid.uuid4().hex}/result.json"
+    s3_endpoint.client().put_object(Bucket=s3_endpoint.bucket, Key=key, Body=b'{"reward": 0}')
+    wrong = s3_client(s3_endpoint.endpoint_url, S3Credentials("trialflow", "trialflow"))
+    unsigned = boto3.client(
+        "s3", endpoint_url=s3_endpoint.endpoint_url, region_name="us-east-1",
+        config=Config(signature_version=UNSIGNED, retries={"max_attempts": 1}),
+    )  # fmt: skip
+    for client in (wrong, unsigned):
+        for attempt in (
+            lambda c=client: c.put_object(Bucket=s3_endpoint.bucket, Key=key, Body=b'{"reward": 1}'),
+            lambda c=client: c.get_object(Bucket=s3_endpoint.bucket, Key=key),
+            lambda c=client: c.delete_object(Bucket=s3_endpoint.bucket, Key=key),
+            lambda c=client: c.list_objects_v2(Bucket=s3_endpoint.bucket),
+        ):
+            with pytest.raises(ClientError) as err:
+                attempt()
+            assert err.value.response["Error"]["Code"] in (
+                "AccessDenied",
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+            )
+    got = s3_endpoint.client().get_object(Bucket=s3_endpoint.bucket, Key=key)["Body"].read()
+    assert got == b'{"reward": 0}'
 
 
 @pytest.mark.s3
 def test_seaweedfs_reuse_and_many_buckets(tmp_path: Path) -> None:
     first = start_seaweedfs(tmp_path / "a")
+    creds = first.credentials
     try:
         port = int(first.endpoint.rsplit(":", 1)[1])
-        again = start_seaweedfs(tmp_path / "b", s3_port=port, reuse=True)
-        assert again.endpoint == first.endpoint and not again.owned
+        again = start_seaweedfs(tmp_path / "b", s3_port=port, credentials=creds, reuse=True)
+        assert again.endpoint == first.endpoint and not again.owned and again.credentials == creds
         # Each bucket is a SeaweedFS collection with volumes of its own: writes into
         # more buckets than the default volume cap must still work.
-        client = s3_client(first.endpoint)
+        client = s3_client(first.endpoint, creds)
         for i in range(10):
-            create_bucket(first.endpoint, f"bucket-{i}")
+            create_bucket(first.endpoint, f"bucket-{i}", creds)
             client.put_object(Bucket=f"bucket-{i}", Key="k", Body=b"v")
             assert client.get_object(Bucket=f"bucket-{i}", Key="k")["Body"].read() == b"v"
     finally:
@@ -233,12 +270,16 @@ def test_embedded_infra_starts_reuses_and_stops(tmp_path: Path) -> None:
         assert first.temporal_address == f"127.0.0.1:{ports.temporal}"
         assert first.vllm_urls == [replica]
         # head_bucket, not list_buckets: SeaweedFS lists only buckets owned by an identity, none here.
-        s3_client(first.s3_endpoint).head_bucket(Bucket="trialflow")
+        s3_client(first.s3_endpoint, first.s3_credentials).head_bucket(Bucket="trialflow")
         assert port_open("127.0.0.1", ports.temporal_ui)  # the UI is on for the embedded instance
-        second = EmbeddedInfra(tmp_path / "other", ports=ports, vllm_urls=[replica]).start()
+        second = EmbeddedInfra(
+            tmp_path / "other", ports=ports, vllm_urls=[replica], s3_credentials=first.s3_credentials
+        ).start()
         assert [s.owned for s in second.services] == [False, False, False]
         second.stop()
-        assert temporal_answers(first.temporal_address) and s3_answers(first.s3_endpoint)
+        assert temporal_answers(first.temporal_address) and s3_answers(
+            first.s3_endpoint, first.s3_credentials
+        )
         owned = [s.process.pid for s in first.services if s.owned and s.name != "docker"]
         assert len(owned) == 2
     for pid in owned:
@@ -250,7 +291,7 @@ def test_public_exports_are_pinned() -> None:
     assert sorted(infra.__all__) == sorted(
         [
             "MANAGED_LABEL", "REPO_ROOT", "TRIAL_SEARCH_ATTRIBUTES", "BinaryNotFoundError",
-            "DockerUnavailableError", "EmbeddedInfra", "InfraPorts", "ManagedProcess", "S3Bucket",
+            "DockerUnavailableError", "EmbeddedInfra", "InfraPorts", "ManagedProcess", "S3Bucket", "S3Credentials",
             "Service", "ServiceError", "ServiceStartError", "cached_tiny_model", "create_bucket",
             "docker_answers", "ensure_dockerd", "ensure_search_attributes", "free_port", "log_tail",
             "managed_containers", "port_open", "s3_answers", "s3_client", "start_seaweedfs",

@@ -31,8 +31,8 @@ def store(request, tmp_path) -> ResultStore:
         bucket.endpoint_url,
         bucket.bucket,
         prefix=f"t-{uuid.uuid4().hex[:8]}",
-        access_key="any",
-        secret_key="any",
+        access_key=bucket.access_key,
+        secret_key=bucket.secret_key,
     )
 
 
@@ -120,14 +120,23 @@ def test_s3_unreachable_endpoint_is_retryable_storage_error():
 def test_s3_create_bucket_and_prefix_layout(s3_endpoint):
     bucket = f"tf-{uuid.uuid4().hex[:10]}"
     store = S3Store(
-        s3_endpoint.endpoint_url, bucket, prefix="/runs/", access_key="a", secret_key="b", create_bucket=True
+        s3_endpoint.endpoint_url,
+        bucket,
+        prefix="/runs/",
+        access_key=s3_endpoint.access_key,
+        secret_key=s3_endpoint.secret_key,
+        create_bucket=True,
     )
     uri = store.put_bytes("x/y", b"1")
     assert uri == f"s3://{bucket}/runs/x/y"
     raw = s3_endpoint.client().get_object(Bucket=bucket, Key="runs/x/y")["Body"].read()
     assert raw == b"1"
     S3Store(
-        s3_endpoint.endpoint_url, bucket, access_key="a", secret_key="b", create_bucket=True
+        s3_endpoint.endpoint_url,
+        bucket,
+        access_key=s3_endpoint.access_key,
+        secret_key=s3_endpoint.secret_key,
+        create_bucket=True,
     )  # exists: fine
 
 

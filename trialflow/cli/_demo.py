@@ -31,6 +31,12 @@ def _start_infra(replicas: Sequence[str]) -> tuple[EmbeddedInfra, str]:
     ui = f"http://127.0.0.1:{infra.ports.temporal_ui}"
     console.print(f"Temporal  {infra.temporal_address}   UI {ui}")
     console.print(f"S3        {infra.s3_endpoint}   bucket {infra.bucket}")
+    creds = infra.s3_credentials
+    console.print(
+        f"          keys: TRIALFLOW_S3_ACCESS_KEY={creds.access_key} "
+        f"TRIALFLOW_S3_SECRET_KEY={creds.secret_key}"
+        f"  (kept in {infra.state_dir / 'seaweedfs' / 's3-credentials.json'})"
+    )
     console.print(f"vLLM      {', '.join(infra.vllm_urls)}")
     return infra, ui
 
@@ -72,8 +78,8 @@ def demo(
             temporal_address=infra.temporal_address,
             s3_endpoint=infra.s3_endpoint,
             s3_bucket=infra.bucket,
-            s3_access_key="trialflow",  # SeaweedFS runs without auth: any pair works
-            s3_secret_key="trialflow",
+            s3_access_key=infra.s3_credentials.access_key,  # SeaweedFS's one S3 identity
+            s3_secret_key=infra.s3_credentials.secret_key,
             replica_urls=infra.vllm_urls,
             model_dir=infra.model_dir or cached_tiny_model(infra.state_dir / "models"),
             model_name=infra.served_model_name,
