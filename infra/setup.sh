@@ -52,4 +52,12 @@ fi
 # gpt-oss's harmony parser needs the o200k_base vocabulary, which openai-harmony would download
 # from a host outside the registries; build it from the npm package tiktoken (hash-checked).
 .venv/bin/python -m infra.tiktoken_vocab >/dev/null
+# mini-swe-agent (PyPI, with litellm) in its own venv: its loop runs on the worker as a
+# subprocess (trialflow/scaffolds/mini_swe_agent.py), apart from trialflow's dependencies.
+MINI="$ROOT/.cache/mini-swe-agent"
+if ! "$MINI/bin/python" -c "import minisweagent" 2>/dev/null; then
+  echo "[setup] pip install mini-swe-agent into $MINI"
+  python3 -m venv "$MINI"
+  "$MINI/bin/pip" install -q "mini-swe-agent==2.4.6"
+fi
 echo "[setup] done"

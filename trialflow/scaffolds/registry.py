@@ -28,6 +28,7 @@ _REGISTRY: dict[str, str] = {
     "claude-code": "trialflow.scaffolds.claude_code:ClaudeCodeScaffold",
     "opencode": "trialflow.scaffolds.opencode:OpenCodeScaffold",
     "codex": "trialflow.scaffolds.codex:CodexScaffold",
+    "mini-swe-agent": "trialflow.scaffolds.mini_swe_agent:MiniSweAgentScaffold",
     "terminus": "trialflow.scaffolds.terminus:TerminusScaffold",
 }
 

@@ -99,3 +99,19 @@ class TestShellAgentExample(ScaffoldContract):
 
     def broken_options(self):
         return None
+
+
+class TestMiniSweAgent(ScaffoldContract):
+    scaffold_name = "mini-swe-agent"
+
+    def solving_script(self):
+        return [
+            Reply("I will create the file.\n" + hermes_call("bash", {"command": CREATE})),
+            Reply(hermes_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})),
+        ]
+
+    def busy_reply(self):
+        return Reply(hermes_call("bash", {"command": "true"}))
+
+    def broken_options(self):
+        return None  # its loop reaches the proxy itself: a closed session fails it
