@@ -14,6 +14,11 @@ Outcomes vs failures:
   replica of its pool answers a health probe raises retryable `ReplicaUnavailable` (the
   model was down, not the agent wrong); its trajectory and logs are stored first. A scaffold that needs a model on a
   worker without one raises non-retryable `ModelNotConfigured`.
+Resume by replay: with `ScaffoldInput.replay_from` set, the session is seeded with that
+attempt's record (its final trajectory, else its checkpoints; `trialflow.storage.load_attempt`)
+and answers from it while the scaffold's requests match (proxy.replay); the output counts the
+replayed turns and says where the replay stopped. Ids derive from the trial id, so every
+attempt of a trial hands out the same ids.
 While running, the activity heartbeats its live counters (`ScaffoldHeartbeat`) and signals
 them to the workflow (`report_progress`) when they change, feeding the workflow's
 `progress` query. `ScaffoldContext.heartbeat(details)` from the scaffold is an activity
@@ -38,11 +43,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from activities._support import heartbeat_interval, heartbeating, typed_errors
+from proxy.replay import ReplayRecord
 from proxy.trajectory import Trajectory
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import SandboxBackend
 from trialflow.scaffolds import ScaffoldContext, ScaffoldResult, check_scaffold
-from trialflow.storage import ResultStore, StoreCheckpointSink, TrialKeys
+from trialflow.storage import ResultStore, StoreCheckpointSink, TrialKeys, load_attempt
 from trialflow.tasks import load_task
 from workflows.shared import (
     ScaffoldHeartbeat,
@@ -94,8 +100,14 @@ class ScaffoldActivities:
                 scaffold = check_scaffold(inp.scaffold, inp.scaffold_options)
                 sandbox = await self._backend.attach(inp.sandbox_id)
             model = inp.model or self._default_model
+            replay = None
+            if scaffold.needs_model and inp.replay_from is not None:
+                async with heartbeating(interval_s=heartbeat_interval()):
+                    replay = await asyncio.to_thread(self._replay_record, inp)
             session = (
-                self._open_session(inp, keys, model, scaffold.main_thread) if scaffold.needs_model else None
+                self._open_session(inp, keys, model, scaffold.main_thread, replay)
+                if scaffold.needs_model
+                else None
             )
             urls = (None, None)
             if session is not None:
@@ -151,9 +163,12 @@ class ScaffoldActivities:
         overlong = trajectory is not None and trajectory.counters.overlong > 0
         termination, error = outcome_of(outcome, inp.attempt, overlong)
         counts = token_counts(trajectory)
+        replay_status = trajectory.metadata.get("replay") if trajectory else None
         return ScaffoldOutput(
             termination_reason=termination,
             turns=trajectory.counters.turns if trajectory else 0,
+            replayed_turns=trajectory.counters.replayed if trajectory else 0,
+            replay_divergence=replay_status.get("divergence") if replay_status else None,
             tool_calls=trajectory.counters.tool_calls if trajectory else 0,
             rewrites_client=trajectory.counters.rewrites_client if trajectory else 0,
             rewrites_template=trajectory.counters.rewrites_template if trajectory else 0,
@@ -184,7 +199,40 @@ class ScaffoldActivities:
         await pool.check_health()
         return not any(replica.up for replica in pool.replicas)
 
-    def _open_session(self, inp: ScaffoldInput, keys: TrialKeys, model: str | None, main_thread: str):
+    def _replay_record(self, inp: ScaffoldInput) -> ReplayRecord | None:
+        """The replayable turns `inp.replay_from` left in the store (blocking), or None when it
+        recorded nothing. An unreadable record is logged and ignored: the attempt then runs
+        live, which costs replica time but never correctness."""
+        assert inp.replay_from is not None
+        loaded = load_attempt(self._store, inp.replay_from)
+        if loaded.trajectory is None:
+            if loaded.error:
+                log.warning(
+                    "%s: nothing to replay from attempt %d: %s",
+                    inp.trial_id,
+                    loaded.record.attempt,
+                    loaded.error,
+                )
+            return None
+        record = ReplayRecord.from_trajectory(loaded.trajectory)
+        log.info(
+            "%s attempt %d: replaying up to %d recorded turns of attempt %d (%s)",
+            inp.trial_id,
+            inp.attempt,
+            len(record.turns),
+            loaded.record.attempt,
+            loaded.source,
+        )
+        return record
+
+    def _open_session(
+        self,
+        inp: ScaffoldInput,
+        keys: TrialKeys,
+        model: str | None,
+        main_thread: str,
+        replay: ReplayRecord | None = None,
+    ):
         if self._proxy is None:
             raise ApplicationError(
                 f"scaffold {inp.scaffold} needs a model but this worker has no proxy "
@@ -210,6 +258,9 @@ class ScaffoldActivities:
             metadata={"trial_id": inp.trial_id, "attempt": inp.attempt},
             main_thread=main_thread,
             policy_version=inp.policy_version,
+            # every attempt of the trial derives the same ids (proxy.ids)
+            id_seed=inp.trial_id,
+            replay=replay,
         )
         return self._proxy.open_session(config)
 
@@ -272,13 +323,13 @@ def live_counts(stats: SessionStats) -> dict[str, int]:
 
 
 def token_counts(trajectory: Trajectory | None) -> tuple[int, int]:
-    """(prompt tokens, generated tokens) summed over turns, as the proxy's live stats count
-    them: every turn's whole prompt counts, so this is the work the replicas did."""
+    """(prompt tokens, generated tokens) summed over the turns a replica generated: every such
+    turn's whole prompt counts, so this is the work the replicas did (turns replayed from a
+    lost attempt's record cost none and are not counted)."""
     if trajectory is None:
         return 0, 0
-    prompt = sum(turn.prompt_tokens for turn in trajectory.turns)
-    response = sum(turn.completion_tokens for turn in trajectory.turns)
-    return prompt, response
+    live = [turn for turn in trajectory.turns if turn.source == "generated"]
+    return sum(t.prompt_tokens for t in live), sum(t.completion_tokens for t in live)
 
 
 def outcome_of(

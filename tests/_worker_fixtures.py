@@ -7,12 +7,30 @@ queue, S3 prefix and worker id).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from trialflow import batch
 from trialflow.worker import WorkerProcess
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_worker_process(env: dict[str, str], worker_id: str, log: Path) -> subprocess.Popen:
+    """``python worker_main.py --worker-id ID`` in the repo root, output to ``log`` (the crash
+    tests SIGKILL these)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, str(REPO / "worker_main.py"), "--worker-id", worker_id],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,12 @@ Failure rules:
   over with a new sandbox, up to `TrialSpec.attempt_limit` attempts. Every attempt that got a
   sandbox has an `AttemptRecord` in the result (its final trajectory URI, its checkpoint
   prefix, and whether it reported back: a lost attempt did not).
+- Resume by replay: the attempt after a lost one runs its scaffold with
+  `ScaffoldInput.replay_from` (the lost attempt's `AttemptRecord`) set, so its proxy session answers the scaffold from the
+  lost attempt's record while the requests match it and generates live from the first that
+  does not (proxy.replay). Its trajectory holds the replayed and the generated turns (one
+  exact trajectory, the last URI); the result counts both (`replayed_turns`,
+  `generated_turns`); the reward is that attempt's.
 - Set-up and verify failures are retried by their activity retry policies; a typed
   non-retryable `ApplicationError` (broken task, image that fails to build) ends the trial
   at once. Either way the error is returned as data (`TrialResult.error`), the workflow
@@ -90,6 +96,8 @@ SCAFFOLD_GRACE = timedelta(minutes=2)
 VERIFY_GRACE = timedelta(minutes=1)
 TEARDOWN_TIMEOUT = timedelta(minutes=2)
 ATTEMPT_BACKOFF = timedelta(seconds=2)
+# Patch id: the attempt after a lost one replays its recorded turns (ScaffoldInput.replay_from).
+REPLAY_LOST_ATTEMPT = "replay-lost-attempt"
 
 InT = TypeVar("InT")
 OutT = TypeVar("OutT")
@@ -186,10 +194,11 @@ class TrialWorkflow:
         tally = _Tally()
         termination: Termination | None = None
         error: TrialError | None = None
+        replay_from: AttemptRecord | None = None
         try:
             for attempt in range(1, spec.attempt_limit + 1):
                 try:
-                    await self._attempt(spec, attempt, tally)
+                    await self._attempt(spec, attempt, tally, replay_from)
                     error, termination = (
                         None,
                         None,
@@ -199,6 +208,15 @@ class TrialWorkflow:
                     error = lost.error
                     termination = "infra_error"
                     if attempt < spec.attempt_limit:
+                        # The next attempt's scaffold replays what this one recorded (its
+                        # checkpoints already hold any turns it replayed itself).
+                        lost_record = tally.attempt_records[-1] if tally.attempt_records else None
+                        if (
+                            lost_record is not None
+                            and lost_record.attempt == attempt
+                            and workflow.patched(REPLAY_LOST_ATTEMPT)
+                        ):
+                            replay_from = lost_record
                         await workflow.sleep(ATTEMPT_BACKOFF)
                 except _TrialFailed as failed:
                     error, termination = failed.error, failed.termination
@@ -230,8 +248,11 @@ class TrialWorkflow:
         )
         return result
 
-    async def _attempt(self, spec: TrialSpec, attempt: int, tally: _Tally) -> None:
-        """One attempt with a fresh sandbox. Raises _AttemptLost or _TrialFailed."""
+    async def _attempt(
+        self, spec: TrialSpec, attempt: int, tally: _Tally, replay_from: AttemptRecord | None = None
+    ) -> None:
+        """One attempt with a fresh sandbox, replaying `replay_from`'s record if set.
+        Raises _AttemptLost or _TrialFailed."""
         tally.attempts = attempt
         tally.scaffold = tally.verify = None
         self._progress = TrialProgress(phase="setup", attempt=attempt)
@@ -259,13 +280,18 @@ class TrialWorkflow:
         # Until the scaffold reports, the attempt's checkpoints are all there is.
         tally.attempt_records.append(AttemptRecord.begun(attempt, setup.attempt_uri))
         try:
-            await self._scaffold_and_verify(spec, attempt, tally, setup)
+            await self._scaffold_and_verify(spec, attempt, tally, setup, replay_from)
         finally:
             self._progress.phase = "teardown"
             await asyncio.shield(self._teardown(spec, attempt, tally, setup))
 
     async def _scaffold_and_verify(
-        self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput
+        self,
+        spec: TrialSpec,
+        attempt: int,
+        tally: _Tally,
+        setup: SetupOutput,
+        replay_from: AttemptRecord | None = None,
     ) -> None:
         host: dict[str, Any] = {
             "task_queue": setup.host_queue,
@@ -292,6 +318,7 @@ class TrialWorkflow:
                 sampling=spec.sampling,
                 replicas=spec.replicas,
                 policy_version=spec.step,
+                replay_from=replay_from,
             ),
             summary=activity_summary("scaffold", attempt, spec),
             start_to_close_timeout=timedelta(seconds=agent_timeout) + SCAFFOLD_GRACE,
@@ -433,6 +460,8 @@ class TrialWorkflow:
             reward_error=verify.reward_error if verify else None,
             termination_reason=termination,
             turns=scaffold.turns if scaffold else self._progress.turns,
+            replayed_turns=scaffold.replayed_turns if scaffold else 0,
+            generated_turns=scaffold.turns - scaffold.replayed_turns if scaffold else 0,
             tool_calls=scaffold.tool_calls if scaffold else 0,
             rewrites_client=scaffold.rewrites_client if scaffold else 0,
             rewrites_template=scaffold.rewrites_template if scaffold else 0,

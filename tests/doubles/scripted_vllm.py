@@ -195,6 +195,9 @@ class ScriptedVLLM:
             self.main_requests.append(body)
         if isinstance(action, (Reply, HTTPFailure)) and action.delay_s:
             await asyncio.sleep(action.delay_s)
+            if request.transport is None or request.transport.is_closing():
+                # vLLM aborts a request whose client went away: nothing is answered or counted
+                raise asyncio.CancelledError
         if isinstance(action, HTTPFailure):
             return web.json_response(
                 {"error": {"message": action.message, "code": action.status}}, status=action.status

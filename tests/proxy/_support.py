@@ -54,7 +54,7 @@ async def run_cli(
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         proc.kill()
         raise
     assert proc.returncode is not None
@@ -101,3 +101,19 @@ def proxy_server(tok, *urls: str, keepalive_s: float = 0.2, max_body_bytes: int 
         keepalive_s=keepalive_s,
         max_body_bytes=max_body_bytes,
     )
+
+
+def token_view(trajectory) -> list:
+    """Every segment's kind and token arrays as lists (experts too): two trajectories are
+    token-for-token equal when their views are."""
+    return [
+        (
+            s.kind,
+            s.prompt_ids.tolist(),
+            s.response_ids.tolist(),
+            s.response_mask.tolist(),
+            s.response_logprobs.tolist(),
+            None if s.routed_experts is None else s.routed_experts.tolist(),
+        )
+        for s in trajectory.segments
+    ]

@@ -24,7 +24,7 @@ from proxy.replay import ReplayRecord, describe
 from proxy.session import Session, SessionConfig
 from proxy.trajectory import Trajectory
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
-from tests.proxy._support import OPENAI_TOOLS, pool_over, proxy_server
+from tests.proxy._support import OPENAI_TOOLS, pool_over, proxy_server, token_view
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 N = 6
@@ -89,20 +89,6 @@ def _session(tok, dbl, **cfg) -> Session:
     return session
 
 
-def _tokens(t: Trajectory) -> list:
-    return [
-        (
-            s.kind,
-            s.prompt_ids.tolist(),
-            s.response_ids.tolist(),
-            s.response_mask.tolist(),
-            s.response_logprobs.tolist(),
-            None if s.routed_experts is None else s.routed_experts.tolist(),
-        )
-        for s in t.segments
-    ]
-
-
 async def _recorded_run(tok, dbl, **cfg):
     sink = MemorySink()
     s = _session(tok, dbl, checkpoint=sink, **cfg)
@@ -138,7 +124,7 @@ async def test_crash_at_turn_k_replays_turns_before_it_and_ends_token_exact(tok)
     t = resumed.trajectory
     assert [r.source for r in t.turns] == ["replayed"] * (k - 1) + ["generated"] * (N - k + 1)
     assert t.counters.replayed == k - 1 and t.counters.turns == N
-    assert _tokens(t) == _tokens(full)  # token for token, experts included
+    assert token_view(t) == token_view(full)  # token for token, experts included
     assert len(t.segments) == 1  # live turns extended the replayed segment
     status = t.metadata["replay"]
     assert status["replayed"] == k - 1 and status["divergence"]["reason"] == "record ended"
@@ -156,7 +142,7 @@ async def test_a_full_record_replays_every_turn_with_identical_answers(tok):
         (o.response_id, o.parsed, o.finish_reason, o.created) for o in outcomes
     ]
     assert all(o.replayed for o in replayed) and not any(o.replayed for o in outcomes)
-    assert _tokens(again.trajectory) == _tokens(full)
+    assert token_view(again.trajectory) == token_view(full)
     assert again.trajectory.metadata["replay"]["divergence"] is None
 
 
@@ -177,7 +163,7 @@ async def test_a_changed_tool_output_at_turn_j_goes_live_from_j_and_the_record_i
         await _agent(live, tool=changed)
     t = resumed.trajectory
     assert [r.source for r in t.turns] == ["replayed"] * j + ["generated"] * (N - j)
-    assert _tokens(t) == _tokens(live.trajectory)
+    assert token_view(t) == token_view(live.trajectory)
     assert len(t.segments) == 1  # the recorded prefix held: same segment, extended live
     div = resumed.replayer.divergence
     assert (div.turn, div.reason, div.recorded_turn) == (j, "prompt differs", j)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from pathlib import Path
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from temporalio import activity
@@ -57,6 +57,7 @@ class FakeTrial:
     scaffold_termination: str = "submitted"
     scaffold_delay_s: float = 0.0
     calls: list[tuple[str, str, int]] = field(default_factory=list)  # (activity, queue, attempt)
+    scaffold_inputs: list[ScaffoldInput] = field(default_factory=list)
     stored: list[StoreResultInput] = field(default_factory=list)
 
     def _note(self, name: str, attempt: int) -> None:
@@ -80,6 +81,7 @@ class FakeTrial:
     @activity.defn(name="trial.run_scaffold")
     async def run_scaffold(self, inp: ScaffoldInput) -> ScaffoldOutput:
         self._note("scaffold", inp.attempt)
+        self.scaffold_inputs.append(inp)
         deadline = asyncio.get_running_loop().time() + self.scaffold_delay_s
         while asyncio.get_running_loop().time() < deadline:
             activity.heartbeat(ScaffoldHeartbeat(attempt=inp.attempt, turns=1))
@@ -87,6 +89,7 @@ class FakeTrial:
         return ScaffoldOutput(
             termination_reason=self.scaffold_termination,
             turns=3,
+            replayed_turns=2 if inp.replay_from is not None else 0,
             tool_calls=2,
             prompt_tokens=100,
             response_tokens=40,
@@ -213,6 +216,10 @@ async def test_lost_host_starts_a_new_attempt_and_lists_both(client, harness):
     ]
     # Attempt 1's teardown fell back to the shared queue.
     assert ("teardown", shared, 1) in fake.calls
+    # Attempt 2 replays what attempt 1 recorded; the result counts replayed and generated turns.
+    assert [i.replay_from.attempt for i in fake.scaffold_inputs] == [1]
+    assert fake.scaffold_inputs[0].replay_from == result.attempt_records[0]
+    assert (result.turns, result.replayed_turns, result.generated_turns) == (3, 2, 1)
 
 
 async def test_every_attempt_lost_is_an_infra_error(client, harness):
