@@ -1,7 +1,11 @@
-"""`python -m infra.base_image [--force]`: make `trialflow-base:bookworm` on this machine.
+"""`python -m infra.base_image [--all] [--force]`: make the local base images on this machine.
 
-The builder itself lives in `trialflow.sandbox.base_image` (the Docker backend uses it);
-this entry point adds what a fresh machine needs first: a running Docker engine.
+Default: `trialflow-base:bookworm`. `--all`: also `trialflow-base:trixie` and the Harbor
+reference image (`trialflow-harbor-ref:0.25`, PyPI harbor in a trixie venv) that the
+harbor_ref tests use; `infra/setup.sh` runs `--all` so CI builds each once.
+
+The builders live in `trialflow.sandbox.base_image` (the Docker backend uses them); this
+entry point adds what a fresh machine needs first: a running Docker engine.
 """
 
 from __future__ import annotations
@@ -11,7 +15,15 @@ import logging
 
 import docker
 
-from trialflow.sandbox.base_image import BASE_IMAGE, PACKAGES, ensure_base_image, rootfs_tarball_path
+from trialflow.sandbox.base_image import (
+    BASE_IMAGE,
+    HARBOR_REF_IMAGE,
+    PACKAGES,
+    SUITES,
+    ensure_base_image,
+    ensure_harbor_ref_image,
+    rootfs_tarball_path,
+)
 
 __all__ = ["BASE_IMAGE", "PACKAGES", "ensure_base_image", "main", "rootfs_tarball_path"]
 
@@ -19,12 +31,17 @@ __all__ = ["BASE_IMAGE", "PACKAGES", "ensure_base_image", "main", "rootfs_tarbal
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="rebuild rootfs and re-import")
+    parser.add_argument("--all", action="store_true", help="both suites and the Harbor reference image")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from infra.services import ensure_dockerd  # a fresh machine has no engine running yet
 
     ensure_dockerd()
-    print(ensure_base_image(docker.from_env(), force=args.force))
+    client = docker.from_env()
+    for suite in SUITES if args.all else ("bookworm",):
+        print(f"trialflow-base:{suite}", ensure_base_image(client, force=args.force, suite=suite))
+    if args.all:
+        print(HARBOR_REF_IMAGE, ensure_harbor_ref_image(client))
 
 
 if __name__ == "__main__":

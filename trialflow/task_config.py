@@ -218,7 +218,7 @@ class MCPServerConfig(_Section):
     url: str | None = None
     command: str | None = None
     args: list[str] = Field(default_factory=list)
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)  # as Harbor dumps it
 
     @field_validator("transport", mode="before")
     @classmethod
@@ -405,6 +405,14 @@ def validate_step_name(name: str) -> str:
     return name
 
 
+def _check_artifact_entries(entries: list[str | ArtifactConfig]) -> list[str | ArtifactConfig]:
+    """String entries get the same source rules as tables (they stay strings, as in Harbor)."""
+    for e in entries:
+        if isinstance(e, str):
+            ArtifactConfig(source=e)
+    return entries
+
+
 class StepConfig(_Section):
     name: str
     agent: AgentConfig = Field(default_factory=AgentConfig)
@@ -414,6 +422,7 @@ class StepConfig(_Section):
     artifacts: list[str | ArtifactConfig] = Field(default_factory=list)
 
     _name = field_validator("name")(lambda cls, v: validate_step_name(v))
+    _artifacts = field_validator("artifacts")(lambda cls, v: _check_artifact_entries(v))
 
 
 class TaskConfig(_Section):
@@ -436,6 +445,8 @@ class TaskConfig(_Section):
             data = dict(data)
             data.setdefault("schema_version", data.pop("version"))
         return data
+
+    _artifacts = field_validator("artifacts")(lambda cls, v: _check_artifact_entries(v))
 
     @field_validator("steps")
     @classmethod
@@ -494,9 +505,10 @@ def harbor_view(model: BaseModel) -> Any:
     the harbor_ref tests compare with Harbor's own dump."""
     out: dict[str, Any] = {}
     for name, info in type(model).model_fields.items():
-        if info.exclude:
+        value = getattr(model, name)
+        if info.exclude or (info.exclude_if is not None and info.exclude_if(value)):
             continue
-        out[name] = _view(getattr(model, name))
+        out[name] = _view(value)
     return out
 
 

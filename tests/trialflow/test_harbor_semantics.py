@@ -109,3 +109,41 @@ async def test_healthcheck_gates_on_a_service_the_entrypoint_starts(tmp_path, sa
     )
     with pytest.raises(HealthcheckFailed, match="2 consecutive retries.*exit code 3"):
         await run_healthcheck(never, one)
+
+
+async def test_public_python_image_has_a_local_stand_in(tmp_path, sandbox_for, backend):
+    """FROM python:3.13-slim builds unchanged: a trixie stand-in with Python 3.13, pip
+    allowed system-wide, and the host CA bundle so pip's TLS through the registry proxy works."""
+    root = _task(
+        tmp_path / "py",
+        "FROM python:3.13-slim\nRUN pip install -q --no-deps six && python -c 'import six'\n",
+    )
+    sb = await sandbox_for(load_task(root))
+    res = await sb.exec("python --version && pip --version && python -c 'import six; print(six.__name__)'")
+    assert res.ok, res.stderr
+    assert "Python 3.13" in res.stdout and "six" in res.stdout
+
+
+async def test_ubuntu_stand_in_and_unknown_images(tmp_path, sandbox_for, backend):
+    from trialflow.errors import ImageUnavailable
+
+    sb = await sandbox_for(
+        load_task(_task(tmp_path / "u", "FROM ubuntu:24.04\nRUN apt-get --version >/dev/null\n"))
+    )
+    assert "trixie" in (await sb.exec("cat /etc/os-release")).stdout
+    unknown = load_task(_task(tmp_path / "x", "FROM registry.example.org/private/env:7\n"))
+    with pytest.raises(ImageUnavailable, match="no stand-in"):
+        await backend.create(unknown, trial_id="x")
+
+
+def test_public_image_table():
+    from trialflow.sandbox.base_image import public_image
+
+    assert public_image("python:3.11-slim").suite == "bookworm"
+    assert public_image("python:3.13-slim-bookworm").suite == "trixie"
+    assert public_image("python:3.12").python is True
+    assert public_image("ghcr.io/laude-institute/t-bench/python-3-13:20250620").python
+    assert public_image("ghcr.io/laude-institute/t-bench/ubuntu-24-04:latest").suite == "trixie"
+    assert public_image("ubuntu:24.04").python is False
+    assert public_image("debian:12-slim").suite == "bookworm"
+    assert public_image("alpine:3.20") is None and public_image("python:2.7") is None

@@ -1,22 +1,31 @@
-"""Build the local sandbox base image `trialflow-base:bookworm` without pulling anything.
+"""Local base images, made without pulling anything (no registry is reachable here).
 
-No registry is reachable here, so the image is made from a Debian root filesystem:
-`debootstrap --variant=minbase --include=<PACKAGES> bookworm ROOTFS`, packed as a
-tarball, then `docker import`ed. Task Dockerfiles say `FROM trialflow-base:bookworm`.
+Layers, each built once and cached (all idempotent; `ensure_*` returns at once when the
+image exists with the current recipe, recorded in its `trialflow.recipe` label):
 
-Idempotent at two levels:
-- the image: `ensure_base_image(client)` returns at once when the tag exists;
-- the rootfs tarball: cached at `.cache/base-image/bookworm-rootfs.tar` (repository
-  root), so a fresh Docker engine re-imports in seconds instead of re-running debootstrap.
-  The cache name carries a hash of the package list: changing PACKAGES rebuilds it.
+1. rootfs: `debootstrap --variant=minbase --include=<PACKAGES> SUITE`, packed as a tarball
+   cached at `.cache/base-image/{suite}-rootfs-{digest}.tar` (repository root; the digest
+   follows the package list), `docker import`ed as `trialflow-rootfs:{suite}`. A fresh Docker
+   engine re-imports in seconds instead of re-running debootstrap.
+2. `trialflow-base:{bookworm,trixie}` (`ensure_base_image(client, suite=...)`): the rootfs
+   plus the host's CA bundle (`HOST_CA_BUNDLE`, the bundle through which the host reaches
+   the package registries, an intercepting proxy's CA included) installed as a local CA
+   (`update-ca-certificates`) and named by PIP_CERT / REQUESTS_CA_BUNDLE / SSL_CERT_FILE /
+   NODE_EXTRA_CA_CERTS, so pip, curl and node inside builds and sandboxes verify TLS.
+   bookworm has Python 3.11, trixie Python 3.13.
+3. Stand-ins for the public images task Dockerfiles name (`PUBLIC_IMAGES`, made on demand
+   by the Docker backend when a FROM line names one that is not present, tagged with that
+   very name so the Dockerfile is built unchanged); see docs/harbor.md for the table.
+4. `HARBOR_REF_IMAGE`: trixie with PyPI `harbor==0.25.*` in /opt/harbor (the reference the
+   harbor_ref tests compare trialflow with; Harbor needs Python >= 3.12).
 
-Usage: `python -m infra.base_image [--force]` (starts the Docker engine first when none
-answers) or `ensure_base_image(docker.from_env())`; `DockerBackend` calls it for a task whose
-Dockerfile says `FROM trialflow-base:bookworm` when that image is missing.
+Usage: `python -m infra.base_image [--all] [--force]` (starts the Docker engine first when
+none answers); `infra/setup.sh` runs it with `--all`.
 
 Edge cases: debootstrap needs root and a reachable Debian mirror; a failure raises
-`BaseImageError` with the tail of its output. A partial tarball is never left
-under the final name (written to `*.tmp`, then renamed).
+`BaseImageError` with the tail of its output. A partial tarball is never left under the
+final name (written to `*.tmp`, then renamed). A host without `HOST_CA_BUNDLE` builds
+the bases without it (nothing to add).
 """
 
 from __future__ import annotations
@@ -24,10 +33,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -36,6 +48,12 @@ log = logging.getLogger(__name__)
 
 BASE_IMAGE = "trialflow-base:bookworm"
 SUITE = "bookworm"
+SUITES = ("bookworm", "trixie")
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+HARBOR_REF_IMAGE = "trialflow-harbor-ref:0.25"
+HARBOR_REQUIREMENT = "harbor==0.25.*"
+RECIPE_LABEL = "trialflow.recipe"
+_RECIPE_VERSION = "2"  # bump when a recipe below changes
 MIRROR = "http://deb.debian.org/debian"
 # What agents and sample tasks expect to find: a shell, Python for tests, tmux for
 # terminal-style agents, ps/kill for timeouts, and the usual file tools.
@@ -71,8 +89,8 @@ def _packages_digest() -> str:
     return hashlib.sha256(" ".join(sorted(PACKAGES)).encode()).hexdigest()[:12]
 
 
-def rootfs_tarball_path(cache_dir: Path = CACHE_DIR) -> Path:
-    return cache_dir / f"{SUITE}-rootfs-{_packages_digest()}.tar"
+def rootfs_tarball_path(cache_dir: Path = CACHE_DIR, suite: str = SUITE) -> Path:
+    return cache_dir / f"{suite}-rootfs-{_packages_digest()}.tar"
 
 
 def _run(argv: list[str], what: str, timeout_s: float) -> None:
@@ -90,7 +108,7 @@ def _unmount_below(root: Path) -> None:
         subprocess.run(["umount", "-l", target], capture_output=True, check=False)
 
 
-def build_rootfs_tarball(dest: Path, timeout_s: float = 1200) -> Path:
+def build_rootfs_tarball(dest: Path, timeout_s: float = 1200, suite: str = SUITE) -> Path:
     """Run debootstrap into a temporary dir and tar it to `dest` (atomic rename)."""
     if shutil.which("debootstrap") is None:
         raise BaseImageError("debootstrap is not installed (infra/setup.sh installs it)")
@@ -103,7 +121,7 @@ def build_rootfs_tarball(dest: Path, timeout_s: float = 1200) -> Path:
                     "debootstrap",
                     "--variant=minbase",
                     f"--include={','.join(PACKAGES)}",
-                    SUITE,
+                    suite,
                     str(rootfs),
                     MIRROR,
                 ],
@@ -124,43 +142,225 @@ def build_rootfs_tarball(dest: Path, timeout_s: float = 1200) -> Path:
 
 
 def image_exists(client: docker.DockerClient, tag: str = BASE_IMAGE) -> bool:
+    return _image(client, tag) is not None
+
+
+def _image(client: docker.DockerClient, tag: str):
     try:
-        client.images.get(tag)
-        return True
+        return client.images.get(tag)
     except docker.errors.ImageNotFound:
-        return False
+        return None
 
 
-def ensure_base_image(
-    client: docker.DockerClient, *, force: bool = False, cache_dir: Path = CACHE_DIR
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.sha256(_RECIPE_VERSION.encode())
+    for p in parts:
+        h.update(b"\0" + (p if isinstance(p, bytes) else p.encode()))
+    return h.hexdigest()[:16]
+
+
+def _current(client: docker.DockerClient, tag: str, recipe: str):
+    img = _image(client, tag)
+    if img is not None and (img.labels or {}).get(RECIPE_LABEL) == recipe:
+        return img
+    return None
+
+
+def _build(
+    client: docker.DockerClient, tag: str, dockerfile: str, files: dict[str, bytes], recipe: str
 ) -> str:
-    """Make sure `trialflow-base:bookworm` exists; return its image id.
+    """`docker build` of a generated Dockerfile (host network: no bridge here, never pull)."""
+    with tempfile.TemporaryDirectory(prefix="trialflow-image-") as tmp:
+        ctx = Path(tmp)
+        (ctx / "Dockerfile").write_text(dockerfile)
+        for name, data in files.items():
+            (ctx / name).write_bytes(data)
+        lines: list[str] = []
+        try:
+            for chunk in client.api.build(
+                path=str(ctx),
+                tag=tag,
+                network_mode="host",
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
+                labels={RECIPE_LABEL: recipe},
+            ):
+                lines.extend(chunk.get("stream", "").splitlines())
+                if "error" in chunk:
+                    raise BaseImageError(
+                        f"building {tag} failed: {chunk['error']}\n" + "\n".join(lines[-30:])
+                    )
+        except docker.errors.APIError as e:
+            raise BaseImageError(f"building {tag} was rejected: {e}") from e
+    img = _image(client, tag)
+    if img is None:
+        raise BaseImageError(f"building {tag} produced no image")
+    return img.id
 
-    `force=True` rebuilds the rootfs tarball and re-imports even when both exist.
-    """
-    if not force and image_exists(client):
-        return client.images.get(BASE_IMAGE).id
-    tarball = rootfs_tarball_path(cache_dir)
+
+def _ensure_rootfs(client: docker.DockerClient, suite: str, force: bool, cache_dir: Path) -> str:
+    tag = f"trialflow-rootfs:{suite}"
+    recipe = _digest(suite, _packages_digest())
+    if not force and _current(client, tag, recipe) is not None:
+        return tag
+    tarball = rootfs_tarball_path(cache_dir, suite)
     if force or not tarball.exists():
         t0 = time.monotonic()
-        log.info("debootstrap %s -> %s", SUITE, tarball)
-        build_rootfs_tarball(tarball)
+        log.info("debootstrap %s -> %s", suite, tarball)
+        build_rootfs_tarball(tarball, suite=suite)
         log.info("rootfs built in %.1fs", time.monotonic() - t0)
-    t0 = time.monotonic()
-    repo, tag = BASE_IMAGE.split(":")
+    repo, name = tag.split(":")
     # From a file path the SDK sends a Content-Length body; its chunked stream upload is
     # rejected by this engine ("invalid byte in chunk length").
     out = client.api.import_image_from_file(
         str(tarball),
         repository=repo,
-        tag=tag,
+        tag=name,
         changes=[
             'CMD ["/bin/bash"]',
             "ENV LANG=C.UTF-8",
             "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            f"LABEL {RECIPE_LABEL}={recipe}",
         ],
     )
-    if not image_exists(client):
-        raise BaseImageError(f"docker import did not produce {BASE_IMAGE}: {out!r}"[:2000])
-    log.info("imported %s in %.1fs", BASE_IMAGE, time.monotonic() - t0)
-    return client.images.get(BASE_IMAGE).id
+    if _image(client, tag) is None:
+        raise BaseImageError(f"docker import did not produce {tag}: {out!r}"[:2000])
+    return tag
+
+
+_CA_ENV = {
+    "PIP_CERT": "/etc/ssl/certs/ca-certificates.crt",
+    "REQUESTS_CA_BUNDLE": "/etc/ssl/certs/ca-certificates.crt",
+    "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt",
+    "CURL_CA_BUNDLE": "/etc/ssl/certs/ca-certificates.crt",
+    "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/ca-certificates.crt",
+}
+
+
+def ensure_base_image(
+    client: docker.DockerClient, *, force: bool = False, cache_dir: Path = CACHE_DIR, suite: str = SUITE
+) -> str:
+    """Make sure `trialflow-base:{suite}` exists with the current recipe (packages, CA
+    bundle); return its image id. `force=True` re-runs debootstrap and rebuilds."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+    tag = f"trialflow-base:{suite}"
+    ca = HOST_CA_BUNDLE.read_bytes() if HOST_CA_BUNDLE.is_file() else b""
+    recipe = _digest(suite, _packages_digest(), ca)
+    if not force and (img := _current(client, tag, recipe)) is not None:
+        return img.id
+    rootfs = _ensure_rootfs(client, suite, force, cache_dir)
+    env = " ".join(f"{k}={v}" for k, v in _CA_ENV.items())
+    dockerfile = f"FROM {rootfs}\n"
+    files = {}
+    if ca:
+        files["trialflow-host-ca.crt"] = ca
+        dockerfile += (
+            "COPY trialflow-host-ca.crt /usr/local/share/ca-certificates/trialflow-host-ca.crt\n"
+            "RUN update-ca-certificates >/dev/null\n"
+        )
+    dockerfile += f"ENV {env}\n"
+    t0 = time.monotonic()
+    image_id = _build(client, tag, dockerfile, files, recipe)
+    log.info("built %s in %.1fs", tag, time.monotonic() - t0)
+    return image_id
+
+
+@dataclass(frozen=True)
+class PublicImage:
+    """A local stand-in for a public image: which base, what else it installs."""
+
+    suite: str
+    python: bool  # python3 + pip + venv, `python`/`pip` commands, pip allowed system-wide
+    note: str
+
+    def dockerfile(self) -> str:
+        text = f"FROM trialflow-base:{self.suite}\n"
+        if self.python:
+            # python:*-slim lets pip install system-wide; Debian marks its Python
+            # externally managed (PEP 668), which that image does not.
+            text += (
+                "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                "python3-pip python3-venv python-is-python3 >/dev/null "
+                "&& rm -f /usr/lib/python3*/EXTERNALLY-MANAGED && rm -rf /var/lib/apt/lists/* "
+                "&& ln -sf /usr/bin/pip3 /usr/local/bin/pip\n"
+            )
+        return text
+
+
+_PY_SUITE = {"3.11": "bookworm", "3.12": "trixie", "3.13": "trixie", "3": "trixie"}
+# Public FROM references -> stand-ins. The first match wins; see docs/harbor.md.
+PUBLIC_IMAGES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], PublicImage]]] = [
+    (
+        re.compile(
+            r"^(?:docker\.io/)?(?:library/)?python:(3(?:\.1[123])?)(?:\.\d+)?(?:-slim)?(?:-(?:bookworm|trixie))?$"
+        ),
+        lambda m: PublicImage(
+            _PY_SUITE[m.group(1)],
+            True,
+            f"Debian python3 ({'3.11' if _PY_SUITE[m.group(1)] == 'bookworm' else '3.13'})",
+        ),
+    ),
+    (
+        re.compile(r"^ghcr\.io/laude-institute/t-bench/python-3-1([123]):[\w.-]+$"),
+        lambda m: PublicImage(_PY_SUITE[f"3.1{m.group(1)}"], True, "terminal-bench python image"),
+    ),
+    (
+        re.compile(r"^(?:docker\.io/)?(?:library/)?ubuntu:(?:24\.04|noble|22\.04|jammy|latest)$"),
+        lambda m: PublicImage("trixie", False, "Debian trixie (python3 3.13 present, unlike ubuntu)"),
+    ),
+    (
+        re.compile(r"^ghcr\.io/laude-institute/t-bench/ubuntu-24-04:[\w.-]+$"),
+        lambda m: PublicImage("trixie", False, "terminal-bench ubuntu image (tmux included)"),
+    ),
+    (
+        re.compile(r"^(?:docker\.io/)?(?:library/)?debian:(bookworm|trixie|12|13)(?:-slim)?$"),
+        lambda m: PublicImage(
+            {"12": "bookworm", "13": "trixie"}.get(m.group(1), m.group(1)), False, "Debian"
+        ),
+    ),
+]
+
+
+def public_image(ref: str) -> PublicImage | None:
+    """The stand-in for a public image reference, or None when there is none."""
+    for pattern, make in PUBLIC_IMAGES:
+        if (m := pattern.match(ref)) is not None:
+            return make(m)
+    return None
+
+
+def ensure_public_image(client: docker.DockerClient, ref: str) -> str:
+    """Make the stand-in for `ref` (tagged `ref`) unless it exists with the current recipe."""
+    spec = public_image(ref)
+    if spec is None:
+        raise BaseImageError(f"no local stand-in for {ref}")
+    base_id = ensure_base_image(client, suite=spec.suite)
+    recipe = _digest(ref, spec.dockerfile(), base_id)
+    if (img := _current(client, ref, recipe)) is not None:
+        return img.id
+    log.info("making %s from trialflow-base:%s (%s)", ref, spec.suite, spec.note)
+    return _build(client, ref, spec.dockerfile(), {}, recipe)
+
+
+def ensure_harbor_ref_image(client: docker.DockerClient) -> str:
+    """trixie + a venv at /opt/harbor with `harbor==0.25.*` from PyPI (pip through the
+    host's CA bundle baked into the base)."""
+    base_id = ensure_base_image(client, suite="trixie")
+    dockerfile = (
+        "FROM trialflow-base:trixie\n"
+        "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
+        "apt-get install -y -qq python3-venv >/dev/null "
+        "&& rm -rf /var/lib/apt/lists/*\n"
+        f"RUN python3 -m venv /opt/harbor && /opt/harbor/bin/pip install -q '{HARBOR_REQUIREMENT}'\n"
+        "ENV PATH=/opt/harbor/bin:$PATH\n"
+    )
+    recipe = _digest(dockerfile, base_id)
+    if (img := _current(client, HARBOR_REF_IMAGE, recipe)) is not None:
+        return img.id
+    t0 = time.monotonic()
+    image_id = _build(client, HARBOR_REF_IMAGE, dockerfile, {}, recipe)
+    log.info("built %s in %.1fs", HARBOR_REF_IMAGE, time.monotonic() - t0)
+    return image_id

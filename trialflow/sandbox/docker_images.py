@@ -4,7 +4,10 @@ Each task's environment/ is built once per content hash and tagged
 `trialflow-task:<env_hash[:32]>` (`Task.image_tag`); a second request for the same
 environment is a cache hit (`ImageInfo.built is False`). Builds use host networking (no
 bridge exists here) and never pull (`FROM` must name a local image such as
-`trialflow-base:bookworm`, which is made first when it is missing: see `base_images`).
+`trialflow-base:bookworm`/`:trixie`, made first when missing or outdated: see
+`base_images`; a public name with a local stand-in such as `python:3.13-slim` or
+`ubuntu:24.04` is made from them, see `trialflow.sandbox.base_image.PUBLIC_IMAGES`; any
+other absent FROM is refused before building, `ImageUnavailable`).
 `[environment].build_timeout_sec` bounds the build; a task with `docker_image` uses that
 local image as is (`ImageUnavailable` when it is absent). Changing a base image does not
 change task hashes: remove `trialflow-task:*` images then.
@@ -18,6 +21,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 import docker
@@ -27,6 +31,7 @@ import urllib3.exceptions
 
 from trialflow.errors import BaseImageUnavailable, ImageBuildFailed, ImageBuildTimeout, ImageUnavailable
 from trialflow.sandbox.base import ImageInfo
+from trialflow.sandbox.base_image import SUITES, ensure_base_image, ensure_public_image, public_image
 from trialflow.sandbox.reaper import LABEL_MANAGED
 
 if TYPE_CHECKING:
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 BUILD_GRACE_S = 30.0  # host-side slack past the build timeout before giving up on the thread
 _FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
+_STAGE = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*\S+\s+AS\s+(\S+)", re.IGNORECASE | re.MULTILINE)
 
 #: Makes a missing base image on the given engine (returns anything; its result is unused).
 BaseImageMaker = Callable[[docker.DockerClient], object]
@@ -47,14 +53,8 @@ def dockerfile_bases(text: str) -> list[str]:
     return _FROM.findall(text)
 
 
-def _ensure_trialflow_base(client: docker.DockerClient) -> object:
-    from trialflow.sandbox.base_image import ensure_base_image  # lazy: debootstrap tooling
-
-    return ensure_base_image(client)
-
-
 DEFAULT_BASE_IMAGES: dict[str, BaseImageMaker] = {
-    "trialflow-base:bookworm": _ensure_trialflow_base,
+    f"trialflow-base:{suite}": partial(ensure_base_image, suite=suite) for suite in SUITES
 }
 
 
@@ -74,6 +74,9 @@ class DockerImages:
         self._build_locks: dict[str, asyncio.Lock] = {}
         self._base_images = dict(DEFAULT_BASE_IMAGES if base_images is None else base_images)
         self._base_lock = asyncio.Lock()
+        self._ensured: set[str] = set()  # bases checked against their recipe by this process
+        # With custom base makers (tests), public stand-ins are off too.
+        self._public_stand_ins = base_images is None
 
     async def ensure(self, task: Task) -> ImageInfo:
         """Build the task image unless its tag exists."""
@@ -106,18 +109,30 @@ class DockerImages:
             return ImageInfo(tag, image_id, built=True, duration_s=duration, log_tail=tail)
 
     async def _ensure_bases(self, dockerfile: str) -> None:
+        """Make (or bring up to date) the local bases a Dockerfile names; refuse, before
+        building, a FROM that names an image that is absent and has no stand-in."""
+        stages = {m.lower() for m in _STAGE.findall(dockerfile)}
         for base in dockerfile_bases(dockerfile):
-            make = self._base_images.get(base)
-            if make is None:
+            if base.lower() in stages or base == "scratch" or "$" in base:
                 continue
+            make = self._base_images.get(base)
+            if make is None and self._public_stand_ins and public_image(base) is not None:
+                make = partial(ensure_public_image, ref=base)
             async with self._base_lock:
-                if await self._run(lambda b=base: self.image_id(b)):
+                if base in self._ensured:
                     continue
-                log.info("base image %s is missing: making it", base)
-                try:
+                if make is None:
+                    if not await self._run(lambda b=base: self.image_id(b)):
+                        raise ImageUnavailable(
+                            f"FROM {base}: the image is not present locally, images cannot be pulled "
+                            "here, and trialflow has no stand-in for it (docs/harbor.md lists them)"
+                        )
+                    continue
+                try:  # cheap when present: the recipe label is compared
                     await self._run(lambda m=make: m(self.client))
                 except Exception as e:  # debootstrap/mirror trouble: worth another attempt
                     raise BaseImageUnavailable(f"could not make base image {base}: {e}") from e
+                self._ensured.add(base)
 
     def image_id(self, tag: str) -> str | None:
         """The local image's id, None when absent (blocking)."""

@@ -1,0 +1,29 @@
+"""Runs INSIDE the Harbor reference container (trialflow-harbor-ref:0.25, Python 3.13):
+loads every /corpus/*.toml with Harbor's own TaskConfig and resolves env templates with
+Harbor's own resolver; prints one JSON object to stdout. Not imported by trialflow."""
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from harbor.models.task.config import TaskConfig
+from harbor.utils.env import resolve_env_vars
+
+warnings.simplefilter("ignore")
+out = {"configs": {}, "env": []}
+for path in sorted(Path("/corpus").glob("*.toml")):
+    try:
+        cfg = TaskConfig.model_validate_toml(path.read_text())
+        out["configs"][path.name] = {"ok": cfg.model_dump(mode="json")}
+    except Exception as e:  # a refusal is data here
+        out["configs"][path.name] = {"error": f"{type(e).__name__}: {e}"}
+for case in json.loads(sys.argv[1]):
+    os.environ.clear()
+    os.environ.update(case["host"])
+    try:
+        out["env"].append({"ok": resolve_env_vars(case["env"])})
+    except Exception as e:
+        out["env"].append({"error": f"{type(e).__name__}: {e}"})
+print(json.dumps(out))

@@ -1,0 +1,117 @@
+"""Loader parity with Harbor itself (marker harbor_ref): every task.toml in corpus/ is read
+by trialflow's loader and by Harbor 0.25's `TaskConfig` inside the reference container
+(`trialflow-harbor-ref:0.25`, made by infra/base_image.py), and the results must agree:
+
+- Harbor accepts -> trialflow resolves exactly the same values (`harbor_view`, Harbor's
+  `model_dump(mode="json")` shape), and either runs the task or refuses it naming the
+  feature the corpus file's `# expect: refused: <name>` line gives;
+- Harbor rejects -> trialflow rejects it too (`TaskInvalid`), or refuses the feature
+  anyway (MCP servers: Harbor's header rules are not repeated here).
+Each corpus file's first line states the expectation, so a corpus file cannot silently
+change meaning. The same container resolves `${VAR}` / `${VAR:-default}` env templates.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from trialflow.errors import TaskEnvMissing
+from trialflow.task_config import TaskConfig, harbor_view
+from trialflow.tasks import resolve_env, unsupported_features
+
+pytestmark = [pytest.mark.harbor_ref, pytest.mark.docker]
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "corpus"
+FILES = sorted(p.name for p in CORPUS.glob("*.toml"))
+ENV_CASES = [
+    {"host": {"A": "1"}, "env": {"K": "${A}"}},
+    {"host": {"A": ""}, "env": {"K": "${A}"}},
+    {"host": {}, "env": {"K": "${A:-dflt}"}},
+    {"host": {"A": ""}, "env": {"K": "${A:-dflt}"}},
+    {"host": {"A": "1"}, "env": {"K": "pre-${A}", "L": "$A", "M": "${A}-post"}},
+    {"host": {}, "env": {"K": "${A:-}"}},
+    {"host": {}, "env": {"K": "${A}"}},
+    {"host": {"A B": "x"}, "env": {"K": "${A B}"}},
+]
+
+
+@pytest.fixture(scope="module")
+def harbor(docker_client) -> dict:
+    from trialflow.sandbox.base_image import HARBOR_REF_IMAGE, ensure_harbor_ref_image
+
+    ensure_harbor_ref_image(docker_client)
+    out = docker_client.containers.run(
+        HARBOR_REF_IMAGE,
+        ["python", "/ref/harbor_dump.py", json.dumps(ENV_CASES)],
+        network_mode="none",
+        volumes={str(CORPUS): {"bind": "/corpus", "mode": "ro"}, str(HERE): {"bind": "/ref", "mode": "ro"}},
+        remove=True,
+        stderr=False,
+    )
+    return json.loads(out)
+
+
+def _expectation(name: str) -> tuple[str, str | None]:
+    first = (CORPUS / name).read_text().splitlines()[0]
+    assert first.startswith("# expect: "), f"{name}: first line must state the expectation"
+    kind, _, rest = first.removeprefix("# expect: ").partition(":")
+    feature = rest.split("(")[0].strip() or None
+    return kind.split("(")[0].strip(), feature
+
+
+def test_corpus_covers_every_harbor_field():
+    """Every field of Harbor's current TaskConfig appears in some corpus file."""
+    text = "\n".join((CORPUS / f).read_text() for f in FILES)
+    fields = [
+        "schema_version", "version", "[task]", "[metadata]", "source", "environment_mode",
+        "[verifier.environment]", "verifier.collect", "[solution]", "build_timeout_sec",
+        "docker_image", "os =", "cpus", "memory_mb", "memory =", "storage_mb", "storage =",
+        "gpus", "gpu_types", "tpu", "allow_internet", "network_mode", "allowed_hosts",
+        "${", "healthcheck", "workdir", "mcp_servers", "skills_dir", "[[steps]]", "min_reward",
+        "artifacts", "multi_step_reward_strategy", "exclude", "destination", "service",
+    ]  # fmt: skip
+    assert [f for f in fields if f not in text] == []
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_loader_agrees_with_harbor(harbor, name):
+    kind, feature = _expectation(name)
+    ref = harbor["configs"][name]
+    raw = tomllib.loads((CORPUS / name).read_text())
+    try:
+        ours = TaskConfig.model_validate(raw)
+    except ValidationError as e:
+        assert "error" in ref, f"Harbor accepts {name} but trialflow rejects it: {e}"
+        assert kind == "invalid", f"{name}: both reject it, but the corpus expects {kind}"
+        return
+    refused = unsupported_features(ours)
+    if "error" in ref:
+        # Harbor rejects what trialflow refuses anyway (e.g. details of MCP headers).
+        assert kind == "refused" and feature and any(feature in r for r in refused), (
+            f"trialflow accepts {name} but Harbor rejects it: {ref['error']}"
+        )
+        return
+    assert harbor_view(ours) == ref["ok"]
+    if kind == "ok":
+        assert refused == []
+    else:
+        assert kind == "refused" and feature, f"{name}: Harbor accepts it; the corpus expects {kind}"
+        assert any(feature in r for r in refused), (feature, refused)
+
+
+def test_env_templates_resolve_as_harbor(harbor):
+    for case, ref in zip(ENV_CASES, harbor["env"], strict=True):
+        try:
+            ours = {"ok": resolve_env(case["env"], case["host"])}
+        except TaskEnvMissing as e:
+            ours = {"error": str(e)}
+        if "error" in ref:
+            assert "error" in ours, (case, ref)
+        else:
+            assert ours == ref, case
