@@ -28,7 +28,7 @@ class StoreActivities:
         key = trial_result_key(result.batch_id, result.trial_id)
         with typed_errors():
             uri = await asyncio.to_thread(
-                self._store.put_bytes,
+                self._store.put_once,  # a retried activity writes the same bytes; nothing overwrites
                 key,
                 result.model_dump_json(indent=2).encode(),
                 "application/json",

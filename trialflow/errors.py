@@ -25,7 +25,8 @@
     │   ├── UnknownScaffold             also a KeyError; lists the registered names   (never retried)
     │   └── ScaffoldSetupFailed         the scaffold could not be prepared in the sandbox (retried)
     └── StorageError                    the result store failed (network, 5xx)          (retried)
-        └── ObjectNotFound              key/URI does not exist                          (never retried)
+        ├── ObjectNotFound              key/URI does not exist                          (never retried)
+        └── ObjectExists                a write-once key already holds other bytes      (never retried)
 
 Exit codes of commands, agents and test scripts are data (`ExecResult`, `ScaffoldResult`,
 `VerifierResult`), never exceptions. Verifier outcomes are data too:
@@ -193,6 +194,12 @@ class StorageError(TrialflowError):
 
 class ObjectNotFound(_PlainMessage, StorageError, KeyError):
     """The key or URI does not exist in the store."""
+
+    retryable = False
+
+
+class ObjectExists(StorageError):
+    """A write-once key (`ResultStore.put_once`) already holds different bytes."""
 
     retryable = False
 

@@ -46,7 +46,7 @@ from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, ConfigDict
 
-from trialflow.errors import ObjectNotFound, StorageError
+from trialflow.errors import ObjectExists, ObjectNotFound, StorageError
 
 if TYPE_CHECKING:
     from proxy.trajectory import Trajectory
@@ -107,6 +107,12 @@ class ResultStore(abc.ABC):
         """Write (overwrite) `key`; return its URI."""
 
     @abc.abstractmethod
+    def put_once(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        """Write `key` only if it does not exist yet (atomically); return its URI. The same
+        bytes again (a retried write) is a success; different bytes raise `ObjectExists`
+        and leave the first write in place."""
+
+    @abc.abstractmethod
     def get_bytes(self, uri_or_key: str) -> bytes:
         """Read an object. Raises ObjectNotFound."""
 
@@ -161,6 +167,24 @@ class LocalStore(ResultStore):
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             os.replace(tmp, path)
+        except OSError as e:
+            raise StorageError(f"could not write {path}: {e}") from e
+        return path.as_uri()
+
+    def put_once(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        path = self.root / validate_key(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            try:
+                os.link(tmp, path)  # fails if `path` exists: the first write wins
+            except FileExistsError:
+                if path.read_bytes() != data:
+                    raise ObjectExists(f"{key} was written before with other content") from None
+            finally:
+                os.unlink(tmp)
         except OSError as e:
             raise StorageError(f"could not write {path}: {e}") from e
         return path.as_uri()
@@ -279,6 +303,26 @@ class S3Store(ResultStore):
             ),
             f"put {full}",
         )
+        return f"s3://{self.bucket}/{full}"
+
+    def put_once(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        from botocore.exceptions import ClientError
+
+        full = self._full(key)
+
+        def write() -> bool:
+            try:  # a conditional write (If-None-Match: *); S3 and SeaweedFS answer 412
+                self._client.put_object(
+                    Bucket=self.bucket, Key=full, Body=data, ContentType=content_type, IfNoneMatch="*"
+                )
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                    return False
+                raise
+            return True
+
+        if not self._guard(write, f"put-once {full}") and self.get_bytes(key) != data:
+            raise ObjectExists(f"{full} was written before with other content")
         return f"s3://{self.bucket}/{full}"
 
     def get_bytes(self, uri_or_key: str) -> bytes:

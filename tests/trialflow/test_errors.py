@@ -21,6 +21,7 @@ from trialflow import errors as E
         (E.ScaffoldSetupFailed, True),
         (E.StorageError, True),
         (E.ObjectNotFound, False),
+        (E.ObjectExists, False),
     ],
 )
 def test_retry_rule_per_type(cls, retryable):

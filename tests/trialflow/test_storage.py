@@ -188,3 +188,15 @@ def test_one_loader_for_final_lost_and_model_free_attempts(store):
     )
     again = TrialResult.model_validate_json(result.model_dump_json())
     assert again.last_attempt == lost and again.trajectory_uris == [final_uri, lost.checkpoints_uri]
+
+
+def test_put_once_keeps_the_first_write(store):
+    from trialflow.errors import ObjectExists
+
+    uri = store.put_once("a/result.json", b'{"reward": 0}')
+    assert store.put_once("a/result.json", b'{"reward": 0}') == uri  # a retried write: fine
+    with pytest.raises(ObjectExists) as exc:
+        store.put_once("a/result.json", b'{"reward": 1}')
+    assert not exc.value.retryable
+    assert store.get_bytes(uri) == b'{"reward": 0}'
+    assert store.list_keys("a/") == ["a/result.json"]  # no temp file left behind
