@@ -4,11 +4,16 @@ A verifier timeout or a missing/unparseable reward is an OUTCOME of the trial
 (`reward_valid=False`, `reward_error` names the `VerifierError` type and message), not an
 activity failure: retrying would not change it. A lost sandbox (`SandboxLost`) or other
 infrastructure failure raises, and Temporal retries per the workflow's policy.
+
+After verification the task's artifacts (task.toml `artifacts` and /logs/artifacts, as
+Harbor collects them: `trialflow.artifacts`) go to the store under the attempt's
+``logs/artifacts/`` with a ``manifest.json``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -16,6 +21,7 @@ from pathlib import Path
 from temporalio import activity
 
 from activities._support import heartbeat_interval, heartbeating, typed_errors
+from trialflow.artifacts import collect_artifacts
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import SandboxBackend
 from trialflow.storage import ResultStore, TrialKeys
@@ -45,6 +51,9 @@ class VerifyActivities:
                         log_dir=Path(tmp),
                     )
                     await self._store_logs(inp, Path(tmp), result)
+                with tempfile.TemporaryDirectory(prefix="tf-artifacts-") as tmp:
+                    manifest = await collect_artifacts(sandbox, task.config.artifact_entries(), Path(tmp))
+                    await self._store_artifacts(inp, Path(tmp), manifest)
         seconds = time.monotonic() - started
         self._metrics.phase_seconds.labels("verify").observe(seconds)
         problem = result.error()
@@ -55,6 +64,17 @@ class VerifyActivities:
             reward_error=f"{type(problem).__name__}: {problem}" if problem is not None else None,
             seconds=seconds,
         )
+
+    async def _store_artifacts(self, inp: VerifyInput, root: Path, manifest: list[dict]) -> None:
+        """Artifacts next to the attempt's logs: ``logs/artifacts/...`` plus manifest.json."""
+        keys = TrialKeys(inp.batch_id, inp.trial_id, inp.attempt)
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):  # noqa: ASYNC240 (a small temp dir)
+            data = path.read_bytes()
+            await asyncio.to_thread(
+                self._store.put_bytes, keys.log(f"artifacts/{path.relative_to(root)}"), data
+            )
+        body = json.dumps(manifest, indent=1).encode()
+        await asyncio.to_thread(self._store.put_bytes, keys.log("artifacts/manifest.json"), body)
 
     async def _store_logs(self, inp: VerifyInput, log_dir: Path, result: VerifierResult) -> None:
         """Verifier output next to the attempt: stdout/stderr and whatever /logs/verifier held."""

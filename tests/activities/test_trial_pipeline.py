@@ -162,3 +162,29 @@ def test_trial_keys_match_the_listed_uris(settings):
     store = open_store(settings)
     keys = TrialKeys("b", "trial-b-t-0", 2)
     assert store.uri(keys.root) == f"s3://{settings.s3_bucket}/{settings.s3_prefix}/{keys.root}"
+
+
+async def test_harbor_semantics_end_to_end(client, settings, worker, no_leaked_sandboxes, tmp_path):
+    """Issue 13 through the real pipeline: two tasks sharing a basename are two trials;
+    a failing healthcheck is a non-retried setup_error; artifacts land in the store."""
+    import shutil
+
+    a, b, hc = tmp_path / "suite-a" / "create-file", tmp_path / "suite-b" / "create-file", tmp_path / "hc"
+    shutil.copytree(EXAMPLES / "create-file", a)
+    shutil.copytree(EXAMPLES / "create-file", b)
+    (a / "task.toml").write_text('artifacts = ["/etc/hostname"]\n' + (a / "task.toml").read_text())
+    shutil.copytree(EXAMPLES / "create-file", hc)
+    (hc / "task.toml").write_text(
+        (hc / "task.toml").read_text()
+        + '\n[environment.healthcheck]\ncommand = "test -f /never"\ninterval_sec = 0.2\nretries = 2\n'
+    )
+    specs = batch.make_specs(f"harbor-{uuid.uuid4().hex[:6]}", [a, b, hc], "oracle", attempt_limit=2)
+    results = await _run(client, settings, specs)
+    ra, rb, rh = results
+    assert (ra.task_name, rb.task_name) == ("suite-a/create-file", "suite-b/create-file")
+    assert ra.trial_id != rb.trial_id and ra.reward == rb.reward == 1.0
+    assert rh.termination_reason == "setup_error" and rh.attempts == 1
+    assert rh.error is not None and rh.error.type == "HealthcheckFailed" and rh.error.non_retryable
+    keys = _s3_keys(settings, f"batches/{ra.batch_id}/trials/{ra.trial_id}/attempt-1/logs/artifacts/")
+    assert any(k.endswith("artifacts/etc/hostname") for k in keys), keys
+    assert any(k.endswith("artifacts/manifest.json") for k in keys)

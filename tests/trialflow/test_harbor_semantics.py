@@ -147,3 +147,35 @@ def test_public_image_table():
     assert public_image("ubuntu:24.04").python is False
     assert public_image("debian:12-slim").suite == "bookworm"
     assert public_image("alpine:3.20") is None and public_image("python:2.7") is None
+
+
+async def test_artifacts_are_collected_as_harbor_does(tmp_path, sandbox_for):
+    from trialflow.artifacts import collect_artifacts
+
+    toml = (
+        'artifacts = ["/app/out.txt", "/nope",\n'
+        '  { source = "/var/log/app", destination = "logs/app", exclude = ["*.tmp"] }]\n'
+    )
+    root = _task(tmp_path / "art", "FROM trialflow-base:bookworm\n", toml)
+    task = load_task(root)
+    sb = await sandbox_for(task)
+    setup = (
+        "mkdir -p /app /var/log/app/sub /logs/artifacts && echo result > /app/out.txt && "
+        "echo a > /var/log/app/a.log && echo t > /var/log/app/x.tmp && echo s > /var/log/app/sub/s.log && "
+        "echo conv > /logs/artifacts/agent-notes.md"
+    )
+    assert (await sb.exec(setup, user="0")).ok
+    manifest = await collect_artifacts(sb, task.config.artifact_entries(), tmp_path / "out")
+    assert [(r["source"], r["status"], r["files"]) for r in manifest] == [
+        ("/logs/artifacts", "ok", 1),
+        ("/app/out.txt", "ok", 1),
+        ("/nope", "missing", 0),
+        ("/var/log/app", "ok", 2),
+    ]
+    out = tmp_path / "out"
+    assert (out / "logs/artifacts/agent-notes.md").read_text() == "conv\n"
+    assert (out / "app/out.txt").read_text() == "result\n"
+    assert sorted(p.relative_to(out / "logs/app").as_posix() for p in (out / "logs/app").rglob("*.*")) == [
+        "a.log",
+        "sub/s.log",
+    ]
