@@ -110,7 +110,8 @@ class Model:
     def __call__(self, prompt: str) -> Reply:
         h = hashlib.sha256(prompt.encode()).hexdigest()[:8]
         command = (
-            f"printf 'Hello, trialflow!\\\\n' > /app/hello.txt; echo {h} >> /tmp/steps; wc -l < /tmp/steps"
+            f"printf 'Hello, trialflow!\\\\n' > /app/hello.txt; echo {h} >> /tmp/steps; "
+            "cat /app/data/seed.txt 2>/dev/null; wc -l < /tmp/steps"
         )
         text = f'<tool_call>\n{{"name": "shell", "arguments": {{"command": "{command}"}}}}\n</tool_call>'
         delay = 0.0
@@ -164,9 +165,9 @@ async def rig(temporal_address, s3_endpoint, docker_client, tiny_model_dir, tmp_
         workers.append(proc)
         return proc
 
-    async def run(batch_id: str):
+    async def run(batch_id: str, task: Path = TASK):
         spec = batch.make_specs(
-            batch_id, [TASK], SCAFFOLD, heartbeat_timeout_s=6, host_schedule_timeout_s=10
+            batch_id, [task], SCAFFOLD, heartbeat_timeout_s=6, host_schedule_timeout_s=10
         )[0]
         [handle] = await batch.submit(client, [spec], task_queue=settings.task_queue)
         return spec, handle
@@ -176,6 +177,7 @@ async def rig(temporal_address, s3_endpoint, docker_client, tiny_model_dir, tmp_
 
     r = Rig()
     r.dbl, r.model, r.store, r.drift, r.start, r.run, r.logs = dbl, model, store, drift, start, run, tmp_path
+    r.settings = settings
     try:
         yield r
     finally:
@@ -252,3 +254,42 @@ async def test_a_tool_output_changing_at_turn_j_goes_live_from_there_and_stays_e
     ref = await _finish(handle_d, spec_d)
     assert ref.attempts == 1 and ref.replayed_turns == 0
     assert token_view(final) == token_view(_final(rig, ref))
+
+
+async def test_replay_from_record_reproduces_without_a_replica_and_finds_a_changed_task_file(
+    rig, tmp_path, capsys
+):
+    """`trialflow replay TRIAL --from-record` (its command function): a finished trial re-run
+    with the double stopped (no replica at all) reproduces; after a task file changes, the
+    first request carrying that file's content is reported, with the diff."""
+    import shutil
+
+    from trialflow.cli._record import replay_record
+
+    task = tmp_path / "seeded-task"
+    shutil.copytree(TASK, task)
+    (task / "environment" / "data").mkdir()
+    seed = task / "environment" / "data" / "seed.txt"
+    seed.write_text("alpha\n")
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM trialflow-base:bookworm\nWORKDIR /app\nCOPY data/ /app/data/\n"
+    )
+    rig.start("first")
+    spec, handle = await rig.run("recorded", task)
+    result = await _finish(handle, spec)
+    assert (result.error, result.reward, result.turns) == (None, 1.0, N)
+    await rig.dbl.stop()  # from here on no replica exists
+    capsys.readouterr()
+
+    code = await asyncio.to_thread(replay_record, rig.settings, spec.trial_id, attempt=None, task=None)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"replayed {N} of {N} recorded turns; no divergence" in out
+
+    seed.write_text("beta\n")  # the task's environment changed: turn 0's tool output differs
+    code = await asyncio.to_thread(replay_record, rig.settings, spec.trial_id, attempt=None, task=None)
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert f"replayed 1 of {N} recorded turns; diverged" in out
+    assert "request 1 differs from recorded turn 1" in out
+    assert "-alpha" in out and "+beta" in out

@@ -9,7 +9,8 @@ stored), 2 for bad usage (typer's own).
 
 Modules: `_app` (the typer app, shared options, flags -> settings; the commands are
 registered on it below), `_views` (rich tables
-and the progress bar), `_trials` (run, status, replay), `_inspect` (inspect, report),
+and the progress bar), `_trials` (run, status, replay), `_record` (replay --from-record),
+`_inspect` (inspect, report),
 `_serve` (worker, proxy), `_demo` (up, demo: the embedded infrastructure).
 """
 

@@ -137,8 +137,22 @@ def status(batch_id: str, temporal: TemporalOpt = None) -> None:
 
 
 def replay(
-    batch_id: str,
-    failed: Annotated[bool, typer.Option("--failed", help="re-run the failed trials")] = False,
+    target: Annotated[str, typer.Argument(help="a batch id (--failed) or a trial id (--from-record)")],
+    failed: Annotated[bool, typer.Option("--failed", help="re-run the batch's failed trials")] = False,
+    from_record: Annotated[
+        bool,
+        typer.Option(
+            "--from-record",
+            help="re-run the trial's scaffold against its recorded model outputs, no replica; "
+            "report where the environment or scaffold diverged",
+        ),
+    ] = False,
+    attempt: Annotated[
+        int | None, typer.Option(help="--from-record: the attempt (default: the last)")
+    ] = None,
+    task: Annotated[
+        Path | None, typer.Option(help="--from-record: this task directory instead of the trial's")
+    ] = None,
     external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
     temporal: TemporalOpt = None,
     s3: S3Opt = None,
@@ -146,9 +160,10 @@ def replay(
     replicas: ReplicaOpt = None,
     model_dir: ModelDirOpt = None,
 ) -> None:
-    """Re-run a batch's failed trials with the same inputs (new ids, linked to the originals)."""
-    if not failed:
-        raise typer.BadParameter("only --failed replays exist", param_hint="--failed")
+    """Re-run a batch's failed trials with the same inputs (new ids, linked to the originals),
+    or (--from-record) one trial's scaffold against its record, without a model."""
+    if failed == from_record:
+        raise typer.BadParameter("give exactly one of --failed (a batch) or --from-record (a trial)")
     settings = settings_from_flags(
         temporal=temporal,
         s3=s3,
@@ -156,16 +171,20 @@ def replay(
         replicas=replicas,
         model_dir=model_dir,
     )
+    if from_record:
+        from trialflow.cli._record import replay_record
+
+        raise typer.Exit(replay_record(settings, target, attempt=attempt, task=task))
 
     async def go() -> list[TrialResult]:
         client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
-        specs = await batch.replay_failed(client, batch_id)
-        console.print(f"replaying {len(specs)} failed trial(s) of batch {batch_id}")
+        specs = await batch.replay_failed(client, target)
+        console.print(f"replaying {len(specs)} failed trial(s) of batch {target}")
         if not specs:
             return []
         return await run_specs(settings, specs, external_worker=external_worker, title="replay")
 
     results = asyncio.run(go())
     if results:
-        console.print(results_table(results, title=f"replays of batch {batch_id}"))
+        console.print(results_table(results, title=f"replays of batch {target}"))
     raise typer.Exit(1 if any(r.failed for r in results) else 0)

@@ -1,0 +1,84 @@
+"""`replay TRIAL --from-record`: the trial's scaffold against its record, no replica
+(trialflow.record_replay does the work; this resolves the trial and prints the report)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from rich.markup import escape
+
+from trialflow import batch
+from trialflow.cli._app import console
+from trialflow.settings import TrialflowSettings
+from workflows.shared import TrialResult
+
+
+def replay_record(
+    settings: TrialflowSettings, trial_id: str, *, attempt: int | None, task: Path | None
+) -> int:
+    """Exit code: 0 reproduced (no divergence), 1 diverged or nothing to replay."""
+    if settings.model_dir is None:
+        console.print(
+            "[red]--from-record needs --model-dir[/]: the tokenizer and chat template render the prompts"
+        )
+        return 1
+    return asyncio.run(_replay(settings, trial_id, attempt, task))
+
+
+async def _replay(settings: TrialflowSettings, trial_id: str, attempt: int | None, task: Path | None) -> int:
+    import docker
+
+    from proxy.server import ProxyServer
+    from proxy.session import SessionConfig
+    from trialflow.record_replay import replay_from_record
+    from trialflow.sandbox import DockerBackend
+    from trialflow.storage import load_attempt, open_store, trial_result_key
+
+    client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+    spec = await batch.spec_of(client, trial_id)
+    store = open_store(settings)
+    result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(spec.batch_id, trial_id)))
+    records = result.attempt_records
+    record = (
+        records[attempt - 1] if attempt is not None and 0 < attempt <= len(records) else result.last_attempt
+    )
+    if record is None or (attempt is not None and record.attempt != attempt):
+        console.print(f"[red]{trial_id} has no attempt {attempt or ''} with a record[/]")
+        return 1
+    loaded = await asyncio.to_thread(load_attempt, store, record)
+    if loaded.trajectory is None:
+        console.print(
+            f"[red]attempt {record.attempt} of {trial_id} left no trajectory[/]: "
+            f"{loaded.error or 'no model session'}"
+        )
+        return 1
+    console.print(
+        f"replaying {trial_id} attempt {record.attempt} ({loaded.source} trajectory, "
+        f"{loaded.trajectory.counters.turns} turns) without a replica"
+    )
+    proxy = ProxyServer(
+        model_dir=settings.model_dir,
+        defaults=SessionConfig(model=spec.model or settings.model_name),
+        profile=settings.model_profile,
+    )
+    backend = DockerBackend(
+        docker.from_env(), labels={"trialflow.replay": "from-record"}, policy=settings.sandbox_policy()
+    )
+    await proxy.start()
+    try:
+        report = await replay_from_record(
+            trial_id=trial_id,
+            trajectory=loaded.trajectory,
+            task_path=task or spec.task_path,
+            scaffold=spec.scaffold,
+            scaffold_options=spec.scaffold_options,
+            backend=backend,
+            proxy=proxy,
+            session_config=proxy.defaults,
+        )
+    finally:
+        await proxy.stop()
+        backend.close()
+    console.print(escape(report.summary()))
+    return 0 if report.reproduced else 1
