@@ -1,23 +1,29 @@
-"""`terminus`: our Terminus-style agent. The loop runs on the host (in the activity process);
-the terminal is a tmux session inside the sandbox; the model is reached through the trial's
-proxy session over OpenAI Chat Completions (`openai` SDK, no tools: the protocol is text,
-see `_terminus_protocol`).
+"""`terminus`: Harbor's Terminus-2 agent, reimplemented. The loop runs on the host (in the
+activity process); the terminal is a tmux session inside the sandbox; the model is reached
+through the trial's proxy session over OpenAI Chat Completions (`openai` SDK, no tools: the
+protocol is text). Prompts, reply parsing, observations and stopping rules are Terminus-2's
+as Harbor 0.25 has them (`_terminus2`), so results compare with Harbor's; keystrokes go to
+tmux as `_terminus_protocol.keystroke_plan` says.
 
-Each turn: send the conversation, parse the reply, type its commands into tmux (waiting
-each command's `duration`), capture the screen and send it as the next user message.
+Each episode: send the conversation, parse the reply (an error -> Harbor's error prompt, no
+commands run), type its commands (waiting each `duration`, at most 60 s), and send the
+terminal's new output (with the parser's warnings) as the next user message.
 
 Ending (exit codes of the `ScaffoldResult`, stdout = one JSON line per turn):
-- 0  the model set `task_complete` twice in a row (the second time after seeing the
-     screen again and being asked to confirm)
-- 1  `max_turns` model calls made without that (`stop_reason="max_turns"`: an outcome)
-- 2  `max_parse_failures` malformed replies in a row (each one before that gets a
-     corrective user message and counts as a turn)
+- 0  the model set `task_complete` twice in a row (the second time after Harbor's
+     "Are you sure ..." confirmation prompt)
+- 1  `max_turns` model calls made without that (`stop_reason="max_turns"`: an outcome;
+     Harbor's own default is 1000000, ours 50)
+- 2  `max_parse_failures` malformed replies in a row, when set (Harbor has no such limit:
+     the default None keeps correcting until the turn limit)
 - 3  the proxy answered with an error or could not be reached (message in stderr); e.g.
-     the context is exhausted
+     the context is exhausted (Harbor would summarize; this agent stops)
 - `timed_out=True` (exit code 124) when `ctx.timeout_s` ran out; the loop stops typing then.
 Whatever the ending, the tmux server is killed afterwards: commands still running in the
 terminal do not outlive the agent into the verification.
 Sandbox failures (`SandboxLost`) propagate. A sandbox without tmux raises `ScaffoldSetupFailed`.
+Not reproduced from Harbor: context summarization, MCP servers and skills in the prompt,
+asciinema recording, the XML reply format.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import openai
 
 from trialflow.errors import SandboxLost, ScaffoldSetupFailed
 from trialflow.sandbox.base import Sandbox
+from trialflow.scaffolds import _terminus2 as proto2
 from trialflow.scaffolds import _terminus_protocol as proto
 from trialflow.scaffolds.base import Scaffold, ScaffoldContext, ScaffoldResult
 
@@ -77,7 +84,18 @@ class TmuxTerminal:
                 await self._tmux("send-keys", "-t", TMUX_SESSION, chunk.text)
 
     async def screen(self) -> str:
-        return await self._tmux("capture-pane", "-p", "-J", "-t", TMUX_SESSION)
+        """The visible pane (Harbor: ``capture-pane -p``)."""
+        return await self._tmux("capture-pane", "-p", "-t", TMUX_SESSION)
+
+    async def scrollback(self) -> str:
+        """The whole history (Harbor: ``capture-pane -p -S -``)."""
+        return await self._tmux("capture-pane", "-p", "-S", "-", "-t", TMUX_SESSION)
+
+    async def output_since(self, previous: str | None) -> tuple[str, str]:
+        """(Terminus-2's observation of what changed since the `previous` scrollback, the
+        scrollback now); see `_terminus2.incremental_output`."""
+        current = await self.scrollback()
+        return proto2.incremental_output(previous, current, await self.screen()), current
 
     async def stop(self) -> None:
         """Kill the tmux server and with it every command still running in the terminal, so
@@ -125,10 +143,10 @@ class TerminusScaffold(Scaffold):
         self,
         *,
         max_turns: int = 50,
-        max_parse_failures: int = 3,
-        max_duration_s: float = proto.MAX_DURATION_S,
+        max_parse_failures: int | None = None,
+        max_duration_s: float = proto2.MAX_DURATION_S,
         width: int = 160,
-        height: int = 48,
+        height: int = 40,
         request_timeout_s: float | None = None,
     ) -> None:
         self.max_turns = max_turns
@@ -168,16 +186,18 @@ class TerminusScaffold(Scaffold):
     async def _loop(
         self, ctx: ScaffoldContext, terminal: TmuxTerminal, client: openai.AsyncOpenAI, state: _Run
     ) -> ScaffoldResult:
-        messages: list[dict[str, Any]] = [
-            {
-                "role": "system",
-                "content": proto.system_prompt(ctx.instruction or "", max_duration_s=self.max_duration_s),
-            },
-            {"role": "user", "content": proto.screen_message(await terminal.screen())},
-        ]
-        confirming = False
+        """Harbor's Terminus-2 loop (`_terminus2`): one user prompt, then per episode a reply,
+        its commands, and the terminal's new output; two `task_complete` in a row end it."""
+        terminal_state, scrollback = await terminal.output_since(None)
+        prompt = proto2.initial_prompt(ctx.instruction or "", terminal_state)
+        messages: list[dict[str, Any]] = []
+        pending_completion = False
         while state.turns < self.max_turns:
             state.turns += 1
+            ctx.heartbeat(
+                {"scaffold": self.name, "turn": state.turns, "parse_failures": state.parse_failures}
+            )
+            messages.append({"role": "user", "content": prompt})
             try:
                 completion = await client.chat.completions.create(model=ctx.model, messages=messages)
             except openai.APIError as err:  # status errors, connection errors, bad bodies
@@ -187,41 +207,38 @@ class TerminusScaffold(Scaffold):
             choice = completion.choices[0]
             text = choice.message.content or ""
             messages.append({"role": "assistant", "content": text})
-            try:
-                reply = proto.parse_reply(text, max_duration_s=self.max_duration_s)
-            except proto.ReplyParseError as err:
+            reply = proto2.parse_response(text)
+            if reply.error:
                 state.parse_failures += 1
                 state.parse_failures_in_row += 1
-                state.record(reply=text, finish_reason=choice.finish_reason, parse_error=str(err))
-                ctx.heartbeat(
-                    {"scaffold": self.name, "turn": state.turns, "parse_failures": state.parse_failures}
-                )
-                if state.parse_failures_in_row >= self.max_parse_failures:
+                state.record(reply=text, finish_reason=choice.finish_reason, parse_error=reply.error)
+                if self.max_parse_failures and state.parse_failures_in_row >= self.max_parse_failures:
                     state.errors.append(
-                        f"{state.parse_failures_in_row} malformed replies in a row; last: {err}"
+                        f"{state.parse_failures_in_row} malformed replies in a row; last: {reply.error}"
                     )
                     return state.result(EXIT_PARSE_FAILURES)
-                messages.append({"role": "user", "content": proto.correction_message(err)})
+                prompt = proto2.error_prompt(reply)
                 continue
             state.parse_failures_in_row = 0
             for command in reply.commands:
                 await terminal.send(command.keystrokes)
-                await asyncio.sleep(command.duration_s)
-            screen = await terminal.screen()
+                await asyncio.sleep(min(command.duration, self.max_duration_s))
+            output, scrollback = await terminal.output_since(scrollback)
             state.record(
                 reply=text,
                 finish_reason=choice.finish_reason,
                 task_complete=reply.task_complete,
-                commands=[[c.keystrokes, c.duration_s] for c in reply.commands],
-                screen=screen,
+                commands=[[c.keystrokes, c.duration] for c in reply.commands],
+                warning=reply.warning or None,
+                screen=output,
             )
-            ctx.heartbeat(
-                {"scaffold": self.name, "turn": state.turns, "parse_failures": state.parse_failures}
-            )
-            if reply.task_complete and confirming:
-                return state.result(EXIT_COMPLETE)
-            confirming = reply.task_complete
-            content = proto.confirm_message(screen) if confirming else proto.screen_message(screen)
-            messages.append({"role": "user", "content": content})
+            if reply.task_complete:
+                if pending_completion:
+                    return state.result(EXIT_COMPLETE)
+                pending_completion = True
+                prompt = proto2.confirmation_message(output)
+                continue
+            pending_completion = False
+            prompt = proto2.observation(reply, output)
         state.errors.append(f"turn limit reached ({self.max_turns}) before the task was marked complete")
         return state.result(EXIT_MAX_TURNS)

@@ -40,7 +40,10 @@ async def _ctx(sandbox_for, proxy, scaffold, model, timeout_s=240.0):
     task = load_task(EXAMPLES / "create-file")
     sandbox = await sandbox_for(task, mounts=scaffold.mounts())
     handle = proxy.open_session()
-    anthropic_url, openai_url = await forwarded_urls(proxy, handle, sandbox)
+    if scaffold.runs_in_sandbox:
+        anthropic_url, openai_url = await forwarded_urls(proxy, handle, sandbox)
+    else:  # a loop on the worker (terminus) reaches the proxy itself
+        anthropic_url, openai_url = handle.anthropic_base_url, handle.openai_base_url
     ctx = ScaffoldContext(
         sandbox=sandbox,
         task=task,

@@ -1,5 +1,5 @@
-"""The Terminus agent for real: loop on the host, tmux in a Docker sandbox, the model through
-the real proxy backed by the ScriptedVLLM test double (replies in the JSON command format)."""
+"""The Terminus-2 agent for real: loop on the host, tmux in a Docker sandbox, the model through
+the real proxy backed by the ScriptedVLLM test double (replies in Terminus-2's JSON format)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ async def test_terminus_solves_create_file(sandbox_for, scripted_proxy):
 
     assert result.exit_code == EXIT_COMPLETE and not result.timed_out, result.log
     assert [t["turn"] for t in turns] == [1, 2, 3, 4]
-    assert "parse_error" in turns[1] and "no JSON object" in turns[1]["parse_error"]
+    assert turns[1]["parse_error"] == "No valid JSON found in response"  # Harbor's error prompt next
     assert turns[2]["task_complete"] is True and "Hello, trialflow!" in turns[2]["screen"]
     assert len(beats) == 4 and beats[-1]["parse_failures"] == 1
     verdict = await run_verifier(ctx.sandbox, ctx.task)
@@ -76,7 +76,10 @@ async def test_terminus_gives_up_after_malformed_replies_in_a_row(sandbox_for, s
     _, _, _, result, turns, _ = await _run(sandbox_for, scripted_proxy, script, max_parse_failures=2)
     assert result.exit_code == EXIT_PARSE_FAILURES and "2 malformed replies in a row" in result.stderr
     assert result.stop_reason is None  # a parse-failure give-up is not the turn limit
-    assert [t.get("parse_error", "")[:10] for t in turns] == ["no JSON ob", "field 'com"]
+    assert [t["parse_error"] for t in turns] == [
+        "No valid JSON found in response",
+        "Missing required fields: analysis, plan",
+    ]
 
 
 async def test_terminus_turn_limit(sandbox_for, scripted_proxy):
@@ -101,3 +104,27 @@ async def test_terminus_proxy_error_ends_the_run(sandbox_for, scripted_proxy):
     _, _, _, result, turns, _ = await _run(sandbox_for, scripted_proxy, [], close_first=True)
     assert result.exit_code == EXIT_API_ERROR and "NotFound" in result.stderr
     assert len(turns) == 1 and "error" in turns[0]
+
+
+async def test_terminus_speaks_terminus2_to_the_model(sandbox_for, scripted_proxy):
+    """What the model sees is Harbor's Terminus-2 conversation: its prompt as the first user
+    message (no system message), new terminal output after commands, its confirmation prompt."""
+    proxy, vllm = await scripted_proxy(
+        [reply([("echo marker-$((6*7))\n", 0.3)]), reply(done=True), reply(done=True)],
+        default=Reply("unscripted"),
+    )
+    task = load_task(EXAMPLES / "create-file")
+    sandbox = await sandbox_for(task)
+    handle = proxy.open_session()
+    ctx = ScaffoldContext(
+        sandbox=sandbox, task=task, openai_base_url=handle.openai_base_url, model="tiny", timeout_s=120
+    )
+    result = await get_scaffold("terminus").run(ctx)
+    assert result.exit_code == EXIT_COMPLETE, result.log
+    prompts = [vllm.decode(r["prompt"]) for r in vllm.requests]
+    assert len(prompts) == 3
+    assert "You are an AI assistant tasked with solving command-line tasks" in prompts[0]
+    assert "Task Description:\n" + task.instruction in prompts[0]
+    assert "New Terminal Output:" in prompts[1] and "marker-42" in prompts[1]
+    assert "Are you sure you want to mark the task as complete?" in prompts[2]
+    assert "<|im_start|>system" not in prompts[0]
