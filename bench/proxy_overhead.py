@@ -43,7 +43,10 @@ this is steadier than wall-clock latency, which includes waiting for a core).
 
     .venv/bin/python bench/proxy_overhead.py [--concurrency 1 64] [--turns 8] [--rounds 3] [--min-turns 200]
         [--delay-ms 50] [--backend scripted|fixed] [--reply-tokens 200] [--modes relay openai anthropic-stream]
-        [--profile-proxy FILE]
+        [--profile-proxy FILE] [--family tiny|qwen25|qwen3|qwen3_coder|glm45|deepseek_v31|gpt_oss|llama31]
+
+``--family`` serves a trialflow.families fixture (its tokenizer, chat template and end tokens)
+instead of the tiny model's; the replies stay plain text ending with the tokenizer's eos.
 """
 
 from __future__ import annotations
@@ -142,12 +145,28 @@ def sized_text(tok, tokens: int, salt: int) -> str:
 
 
 # -- server processes ----------------------------------------------------------------------
-async def serve_backend(delay_s: float, reply_tokens: int, kind: str) -> None:
+def bench_tokenizer(family: str):
+    """The tiny model's tokenizer, or a trialflow.families fixture loaded from its directory
+    (so the proxy reads the family's generation_config eos list, as it would in production)."""
     sys.path.insert(0, str(REPO))
-    from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
     from trialflow.tinymodel import build_tokenizer
 
-    tok = build_tokenizer(TOKENIZER_DIR)
+    if family == "tiny":
+        return build_tokenizer(TOKENIZER_DIR)
+    from transformers import AutoTokenizer
+
+    from trialflow.families import build_tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(
+        build_tokenizer_dir(family, TOKENIZER_DIR.parent / f"trialflow-bench-family-{family}")
+    )
+
+
+async def serve_backend(delay_s: float, reply_tokens: int, kind: str, family: str = "tiny") -> None:
+    sys.path.insert(0, str(REPO))
+    from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
+
+    tok = bench_tokenizer(family)
     text = sized_text(tok, reply_tokens, salt=3)
     if kind == "fixed":
         url = await start_fixed_backend(tok, text, delay_s)
@@ -221,16 +240,15 @@ async def start_fixed_backend(tok, text: str, delay_s: float) -> str:
     return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
 
-async def serve_proxy(backend_url: str, profile: str | None) -> None:
+async def serve_proxy(backend_url: str, profile: str | None, family: str = "tiny") -> None:
     """Serve until SIGTERM. With ``profile``, cProfile the whole serving period and write
     the pstats file (CPU time, not wall time) there on SIGTERM."""
     import cProfile
     import signal
 
     from proxy.server import ProxyServer
-    from trialflow.tinymodel import build_tokenizer
 
-    tok = build_tokenizer(TOKENIZER_DIR)
+    tok = bench_tokenizer(family)
     server = ProxyServer(tokenizer=tok, replicas=[backend_url])
     await server.start()
     relay_url, relay_stop = await start_relay(backend_url)
@@ -491,10 +509,7 @@ def summarise(lat: list[float]) -> dict:
 
 
 async def load(args: argparse.Namespace, backend: str, proxy: str, relay: str, pids: dict[str, int]) -> dict:
-    sys.path.insert(0, str(REPO))
-    from trialflow.tinymodel import build_tokenizer
-
-    tok = build_tokenizer(TOKENIZER_DIR)
+    tok = bench_tokenizer(args.family)
     reply = sized_text(tok, args.reply_tokens, salt=3)
     results: dict = {}
     connector = aiohttp.TCPConnector(limit=0)
@@ -575,6 +590,9 @@ def main() -> None:
         help="scripted: tests/doubles/scripted_vllm.py; fixed: a pre-encoded reply (start_fixed_backend)",
     )
     ap.add_argument("--reply-tokens", type=int, default=200)
+    ap.add_argument(
+        "--family", default="tiny", help="tokenizer + chat template: tiny or a trialflow.families name"
+    )
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument(
         "--tools",
@@ -596,13 +614,13 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.serve_backend:
-        asyncio.run(serve_backend(args.delay_ms / 1e3, args.reply_tokens, args.backend))
+        asyncio.run(serve_backend(args.delay_ms / 1e3, args.reply_tokens, args.backend, args.family))
         return
     if args.serve_proxy:
         # the loop `trialflow proxy` and the worker run on (TRIALFLOW_EVENT_LOOP picks it)
         from proxy import eventloop
 
-        eventloop.run(serve_proxy(args.serve_proxy, args.profile_proxy))
+        eventloop.run(serve_proxy(args.serve_proxy, args.profile_proxy, args.family))
         return
     procs = []
     try:
@@ -614,11 +632,15 @@ def main() -> None:
             str(args.delay_ms),
             "--reply-tokens",
             str(args.reply_tokens),
+            "--family",
+            args.family,
         )
         procs.append(backend_proc)
         proxy_proc, proxy = spawn(
             "--serve-proxy",
             backend["url"],
+            "--family",
+            args.family,
             *(["--profile-proxy", args.profile_proxy] if args.profile_proxy else []),
         )
         procs.append(proxy_proc)
@@ -643,6 +665,7 @@ def main() -> None:
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
             "backend": args.backend,
+            "family": args.family,
             "delay_ms": args.delay_ms,
             "reply_tokens": args.reply_tokens,
             "system_tokens": args.system_tokens,

@@ -5,7 +5,11 @@ an agent session grows: each turn the "model" answers ~600 tokens with a tool ca
 client sends back a tool result of ~40 tokens. CPU time is ``time.process_time`` per turn,
 median over repeated measurements of the same turn on copies of the tracker state.
 
-    .venv/bin/python bench/tokenization.py [--turns 100] [--target-tokens 65536]
+``--family`` picks the tokenizer and chat template: ``tiny`` (the project's own, default) or a
+family fixture of trialflow.families (``all`` runs each); the "model" then answers in that
+family's native output format (tests.proxy._families), with its stop token.
+
+    .venv/bin/python bench/tokenization.py [--turns 100] [--target-tokens 65536] [--family tiny|NAME|all]
 """
 
 from __future__ import annotations
@@ -19,7 +23,11 @@ import time
 from pathlib import Path
 
 from proxy.chat import ChatRequest, Generation, ParsedOutput, ToolCall
+from proxy.profiles import detect_profile
 from proxy.tokenization import ConversationTracker
+from tests.proxy._families import native
+from trialflow.families import FAMILIES, family, make_tokenizer
+from trialflow.families._build import generation_eos_ids
 from trialflow.tinymodel import build_tokenizer
 
 TOOLS = [
@@ -34,35 +42,42 @@ TOOLS = [
 ]
 
 
-def assistant_turn(tok, i: int, words: int) -> tuple[ParsedOutput, list[int]]:
+def assistant_turn(tok, name: str, i: int, words: int) -> tuple[ParsedOutput, list[int]]:
     text = " ".join(f"step{i} looks at file{j}.py and edits line {j}" for j in range(words))
     call = ToolCall(id=f"call_{i}", name="Bash", arguments={"command": f"cat file{i}.py"})
-    rendered = (
-        text
-        + "\n<tool_call>\n"
-        + json.dumps({"name": "Bash", "arguments": call.arguments})
-        + "\n</tool_call>"
-    )
-    ids = tok.encode(rendered, add_special_tokens=False) + [tok.convert_tokens_to_ids(tok.eos_token)]
-    return ParsedOutput(content=text, tool_calls=[call]), ids
+    parsed = ParsedOutput(content=text, tool_calls=[call])
+    body, stop = native(name, parsed)
+    if text not in body:  # Llama-3.1 and gpt-oss emit no text with a call: the bulk goes into it
+        call = ToolCall(id=f"call_{i}", name="Bash", arguments={"command": f"cat file{i}.py  # {text}"})
+        parsed = ParsedOutput(content="", tool_calls=[call])
+        body, stop = native(name, parsed)
+    return parsed, tok.encode(body, add_special_tokens=False) + [tok.convert_tokens_to_ids(stop)]
 
 
-def run(turns: int, target_tokens: int, repeats: int) -> dict:
-    tok = build_tokenizer(Path(tempfile.gettempdir()) / "trialflow-bench-tokenizer")
-    tracker = ConversationTracker(tok, session_id="bench")
+def _tokenizer(name: str):
+    if name == "tiny":
+        tok = build_tokenizer(Path(tempfile.gettempdir()) / "trialflow-bench-tokenizer")
+        return tok, detect_profile(tok)
+    tok = make_tokenizer(name)
+    return tok, detect_profile(tok, generation_eos=generation_eos_ids(family(name), tok))
+
+
+def run(turns: int, target_tokens: int, repeats: int, name: str = "tiny") -> dict:
+    tok, profile = _tokenizer(name)
+    tracker = ConversationTracker(tok, session_id="bench", profile=profile)
     messages = [
         {"role": "system", "content": "You are a coding agent."},
         {"role": "user", "content": "Fix the failing tests in this repository."},
     ]
     # words per assistant turn so that `turns` turns reach about target_tokens
     per_turn = target_tokens // turns
-    probe_parsed, probe_ids = assistant_turn(tok, 0, 10)
+    probe_parsed, probe_ids = assistant_turn(tok, name, 0, 10)
     words = max(1, int(10 * per_turn / max(1, len(probe_ids))))
     cpu_per_turn: dict[int, float] = {}
     for i in range(1, turns + 1):
         # a fresh copy per request, as a client re-sending its history over HTTP would produce
         request = ChatRequest(protocol="openai", messages=json.loads(json.dumps(messages)), tools=TOOLS)
-        parsed, gen_ids = assistant_turn(tok, i, words)
+        parsed, gen_ids = assistant_turn(tok, name, i, words)
 
         def one_turn(tr: ConversationTracker) -> None:
             prepared = tr.prepare(request)
@@ -103,6 +118,7 @@ def run(turns: int, target_tokens: int, repeats: int) -> dict:
     main = tracker.trajectory.segments[0]
     assert len(tracker.trajectory.segments) == 1, "every turn must extend the main segment"
     return {
+        "family": name,
         "turns": turns,
         "session_tokens": len(main.full_ids),
         "cpu_ms_turn_1": cpu_per_turn[1] * 1e3,
@@ -116,8 +132,11 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--target-tokens", type=int, default=65536)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--family", default="tiny", help="tiny, a trialflow.families name, or all")
     args = ap.parse_args()
-    print(json.dumps(run(args.turns, args.target_tokens, args.repeats), indent=2))
+    names = ["tiny", *FAMILIES] if args.family == "all" else [args.family]
+    for name in names:
+        print(json.dumps(run(args.turns, args.target_tokens, args.repeats, name)))
 
 
 if __name__ == "__main__":

@@ -153,30 +153,44 @@ class ModelProfile:
     def adapt(self, messages: Sequence[Message]) -> list[Message]:
         """Neutral messages as this family's template reads them: reasoning under
         ``reasoning_field``; tool-call arguments as a JSON string where the template
-        concatenates them. Messages that need no change are passed through (not copied)."""
+        concatenates them, and as an object where it iterates them (a caller that passes the
+        JSON text of an object gets the object: ``|items`` on a string raises). Messages that
+        need no change are passed through (not copied)."""
         rename = self.reasoning_field not in (None, "reasoning_content")
-        stringify = self.arguments == "string"
-        if not rename and not stringify:
-            return list(messages)
         out = []
         for m in messages:
             if rename and "reasoning_content" in m:
                 reasoning = m["reasoning_content"]
                 m = {k: v for k, v in m.items() if k != "reasoning_content"}
                 m[self.reasoning_field] = reasoning  # type: ignore[index]
-            if stringify and m.get("tool_calls"):
-                m = {**m, "tool_calls": [_string_args(tc) for tc in m["tool_calls"]]}
+            calls = m.get("tool_calls")
+            if calls and self.arguments is not None:
+                fixed = [_args_as(tc, self.arguments) for tc in calls]
+                if any(a is not b for a, b in zip(fixed, calls, strict=True)):
+                    m = {**m, "tool_calls": fixed}
             out.append(m)
         return out
 
 
-def _string_args(tc: Any) -> Any:
+def _args_as(tc: Any, kind: Arguments) -> Any:
+    """``tc`` with its arguments as ``kind``; ``tc`` itself when they already are (or a string
+    is not the JSON text of an object)."""
     f = tc.get("function", tc)
     args = f.get("arguments")
-    if isinstance(args, str):
-        return tc
-    text = json.dumps(args, ensure_ascii=False)
-    return {**tc, "function": {**f, "arguments": text}} if "function" in tc else {**tc, "arguments": text}
+    if kind == "string":
+        if isinstance(args, str):
+            return tc
+        new: Any = json.dumps(args, ensure_ascii=False)
+    else:
+        if not isinstance(args, str):
+            return tc
+        try:
+            new = json.loads(args)
+        except (ValueError, RecursionError):
+            return tc
+        if not isinstance(new, dict):
+            return tc
+    return {**tc, "function": {**f, "arguments": new}} if "function" in tc else {**tc, "arguments": new}
 
 
 def load_generation_eos(model_dir: Path | str | None) -> list[int] | None:
