@@ -127,6 +127,7 @@ class SessionConfig:
             "main_thread",
             "policy_version",
             "id_seed",
+            "profile",
         }
         if unknown:
             raise ValueError(f"unknown session fields: {sorted(unknown)}")

@@ -344,3 +344,34 @@ def test_random_conversations_extend_and_match_the_full_render_where_prefix_stab
         # the end of a prompt but two before text (a re-render re-tokenizes the boundary).
         if name != "llama31":
             assert last.prompt_ids.tolist() == run.tok.encode(rendered, add_special_tokens=False)
+
+
+class _Recalling:
+    """A template that repeats the last assistant message's text in the generation prompt."""
+
+    def __init__(self, tok) -> None:
+        self._tok = tok
+        recall = (
+            "{%- if add_generation_prompt and messages|length > 1 and messages[-2].role == 'assistant' -%}"
+            "{{- '<|im_start|>system\\nrecall: ' + text(messages[-2].content) + '<|im_end|>\\n' -}}{%- endif -%}"
+        )
+        marker = "{%- if add_generation_prompt -%}"
+        self.chat_template = tok.chat_template.replace(marker, recall + marker, 1)
+        assert self.chat_template != tok.chat_template
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def apply_chat_template(self, messages, **kw):
+        return self._tok.apply_chat_template(messages, chat_template=self.chat_template, **kw)
+
+
+def test_environment_that_would_repeat_what_the_model_saw_opens_a_counted_template_segment(fams):
+    tok, profile = fams["qwen3"]
+    run = Run("qwen3", fams)
+    run.tok = _Recalling(tok)
+    run.tracker = ConversationTracker(run.tok, session_id="s", profile=profile)
+    msgs: list[Message] = [SYSTEM, {"role": "user", "content": "go"}]
+    msgs += [run.turn(msgs, run.reply("my first answer")), {"role": "user", "content": "and?"}]
+    nxt = run.tracker.prepare(ChatRequest(protocol="openai", messages=msgs, tools=TOOLS))
+    assert not nxt.extends and nxt.new_segment.cause == "template"

@@ -190,3 +190,68 @@ def test_start_up_refuses_an_unservable_template_and_an_unregistered_parser(fami
     tok = AutoTokenizer.from_pretrained(family_dirs["qwen3"])
     with pytest.raises(UnsupportedTemplate, match="not registered"):
         ProxyServer(tokenizer=tok, replicas=[], profile={"tool_parser": "no_such_parser"})
+
+
+@pytest.mark.parametrize("name", FAMS)
+async def test_openai_sdk_parallel_calls_sub_agent_and_compaction_per_family(family_dirs, name):
+    """Segments: one main through parallel calls (where the template allows them), one side for
+    the sub-agent, one counted client rewrite for the compacted history."""
+    parallel = name not in ("llama31", "gpt_oss")
+    first = (
+        _reply(name, reasoning="two at once", call={"command": "ls one"}) if not parallel else (None, None)
+    )
+    if parallel:
+        calls = [ToolCall(id="x", name="Bash", arguments={"command": c}) for c in ("ls one", "ls two")]
+        text, stop = native(name, ParsedOutput(content="", tool_calls=calls))
+        first = (Reply(text + stop, eos=False), [text, stop])
+    sub = _reply(name, content="found it")
+    after = _reply(name, content="both listed")
+    compacted = _reply(name, content="continuing")
+    script = [first, sub, after, compacted]
+    tok = AutoTokenizer.from_pretrained(family_dirs[name])
+    async with ScriptedVLLM(tok, script=[r for r, _ in script]) as dbl, _server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        client = openai.AsyncOpenAI(base_url=h.openai_base_url, api_key="k", max_retries=0)
+        ask = client.chat.completions.create
+        msgs = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "list"}]
+        r1 = (await ask(model="m", messages=msgs, tools=OPENAI_TOOLS)).choices[0].message
+        assert len(r1.tool_calls or ()) == (2 if parallel else 1)
+        msgs.append(r1.model_dump(exclude_none=True))
+        msgs += [
+            {"role": "tool", "tool_call_id": c.id, "content": f"out {i}"} for i, c in enumerate(r1.tool_calls)
+        ]
+        side = [
+            {"role": "system", "content": "You are a search helper."},
+            {"role": "user", "content": "find"},
+        ]
+        await ask(model="m", messages=side)
+        r3 = (await ask(model="m", messages=msgs, tools=OPENAI_TOOLS)).choices[0].message
+        assert r3.content
+        short = [msgs[0], {"role": "user", "content": "summary: listed both, go on"}]
+        await ask(model="m", messages=short, tools=OPENAI_TOOLS)
+        traj = srv.session(h.session_id).trajectory
+        assert [(s.kind, s.rewritten) for s in traj.segments] == [
+            ("main", False),
+            ("side", False),
+            ("main", True),
+        ]
+        assert (traj.counters.rewrites_client, traj.counters.rewrites_template) == (1, 0)
+        main = traj.segments[0]
+        generated = [t for t, m in zip(main.response_ids, main.response_mask, strict=True) if m]
+        assert generated == tok.encode("".join(first[1] + after[1]), add_special_tokens=False)
+        decoded = tok.decode(main.full_ids, skip_special_tokens=False)
+        assert decoded.count("out 0") == 1 and decoded.count("out 1") == (1 if parallel else 0)
+        await client.close()
+
+
+async def test_a_session_overrides_the_detected_profile(family_dirs):
+    from proxy.session import SessionConfig
+
+    tok = AutoTokenizer.from_pretrained(family_dirs["qwen3"])
+    async with ScriptedVLLM(tok) as dbl, _server(tok, dbl.url) as srv:
+        h = srv.open_session(SessionConfig(profile={"tool_parser": None, "stop_tokens": ["<|im_end|>"]}))
+        s = srv.session(h.session_id)
+        assert s.tool_parser is None and s.profile.stop_tokens == ("<|im_end|>",)
+        assert srv.profile.stop_tokens == ("<|im_end|>", "<|endoftext|>")  # the proxy's is unchanged
+    with pytest.raises(ValueError, match="unknown profile fields"):
+        SessionConfig().with_overrides({"profile": {"stops": []}})

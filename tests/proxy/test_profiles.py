@@ -112,3 +112,15 @@ def test_unservable_templates_fail_at_detection_with_the_reason(template, reason
     tok = _Tok(make_tokenizer("qwen3"), template)
     with pytest.raises(UnsupportedTemplate, match=reason):
         detect_profile(tok)
+
+
+def test_adapt_gives_object_templates_objects_and_leaves_other_strings():
+    coder = _profile("qwen3_coder")
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"path": "a.py"}'}}
+    msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+    (m,) = coder.adapt([msg])
+    assert m["tool_calls"][0]["function"]["arguments"] == {"path": "a.py"}
+    not_json = {**msg, "tool_calls": [{**call, "function": {"name": "f", "arguments": "ls -la"}}]}
+    assert coder.adapt([not_json])[0] is not_json
+    plain = {"role": "user", "content": "hi"}
+    assert coder.adapt([plain])[0] is plain
