@@ -43,6 +43,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from activities._support import heartbeat_interval, heartbeating, typed_errors
+from proxy.errors import InvalidRequest
 from proxy.replay import ReplayRecord
 from proxy.trajectory import Trajectory
 from trialflow.metrics import TrialMetrics
@@ -262,7 +263,12 @@ class ScaffoldActivities:
             id_seed=inp.trial_id,
             replay=replay,
         )
-        return self._proxy.open_session(config)
+        try:
+            return self._proxy.open_session(config)
+        except InvalidRequest as err:  # bad sampling values or replica urls: no retry can fix them
+            raise ApplicationError(
+                f"bad session settings: {err.message}", type="InvalidSampling", non_retryable=True
+            ) from err
 
     async def _store_logs(self, keys: TrialKeys, outcome: ScaffoldResult, log_dir: Path) -> str:
         uri = await asyncio.to_thread(self._store.put_bytes, keys.log("scaffold.log"), outcome.log.encode())

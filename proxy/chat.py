@@ -36,6 +36,24 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
 
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, why) for every value vLLM would refuse with a 400 (its own rules: max_tokens
+        >= 1, temperature >= 0, 0 < top_p <= 1, top_k -1 or >= 1, non-empty stop strings).
+        Checked where the values arrive (session open, each request), so a bad value is the
+        caller's 400 there, not a 502 on every turn."""
+        out = []
+        if self.max_tokens is not None and self.max_tokens < 1:
+            out.append(("max_tokens", f"must be at least 1, got {self.max_tokens}"))
+        if not self.temperature >= 0:  # also NaN
+            out.append(("temperature", f"must be >= 0, got {self.temperature}"))
+        if not 0 < self.top_p <= 1:
+            out.append(("top_p", f"must be in (0, 1], got {self.top_p}"))
+        if self.top_k == 0 or self.top_k < -1:
+            out.append(("top_k", f"must be -1 (off) or at least 1, got {self.top_k}"))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            out.append(("stop", "stop sequences must be non-empty strings"))
+        return out
+
 
 @dataclass
 class ChatRequest:

@@ -9,6 +9,7 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
     │   │   └── ReplayDiverged [400]   a record-only replay got a request its record cannot answer
     │   ├── NotFound [404]             unknown session, secret or route
     │   ├── SessionBusy [409]          another request of the same session is in flight
+    │   ├── RequestTimeout [408]       the body did not arrive within the server's read timeout
     │   └── PayloadTooLarge [413]      body over the server's size limit
     └── BackendError [5xx]             the replicas failed; the request itself was fine
         ├── ReplicaUnavailable [503]   no healthy replica (or all retries spent)
@@ -95,11 +96,17 @@ class SessionBusy(ProtocolError):
         self.session_id = session_id
 
 
+class RequestTimeout(ProtocolError):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(408, f"request body not received within {seconds:g} s", "invalid_request")
+
+
 class PayloadTooLarge(ProtocolError):
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(
-            413, f"request body of {size} bytes exceeds the limit of {limit} bytes", "request_too_large"
-        )
+    """``size`` None: a chunked body, cut off once it passed ``limit`` (its size is unknown)."""
+
+    def __init__(self, size: int | None, limit: int) -> None:
+        what = f"request body of {size} bytes" if size is not None else "request body"
+        super().__init__(413, f"{what} exceeds the limit of {limit} bytes", "request_too_large")
         self.size = size
         self.limit = limit
 

@@ -224,7 +224,7 @@ def _tool_call(tc: ToolCallParam, path: str) -> dict[str, Any]:
     args: Any = tc.function.arguments
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = jsonio.loads_shallow(args) if args.strip() else {}
         except ValueError as e:
             raise InvalidRequest(
                 f"{path}.function.arguments: not valid JSON ({e})", param=f"{path}.function.arguments"
@@ -242,6 +242,8 @@ def _text_of(content: str | list[dict[str, Any]] | None, path: str, ignored: set
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type")
+        if not isinstance(kind, str):
+            raise InvalidRequest(f"{path}[{j}].type: required string", param=f"{path}[{j}].type")
         if kind in _UNSUPPORTED_PARTS:
             raise InvalidRequest(
                 f"{_UNSUPPORTED_PARTS[kind]} are not supported by this proxy ({path}[{j}] has type {kind!r})",

@@ -415,7 +415,7 @@ def _fold_assistant_turns(pieces_: list[Message]) -> list[Message]:
 
 def _arguments(args: str, path: str) -> dict[str, Any]:
     try:
-        value = json.loads(args) if args.strip() else {}
+        value = jsonio.loads_shallow(args) if args.strip() else {}
     except ValueError as e:
         raise InvalidRequest(f"{path}: not valid JSON ({e})", param=path) from None
     if not isinstance(value, dict):

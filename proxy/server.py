@@ -35,7 +35,9 @@ token_urlsafe``) is compared in constant time; a wrong secret, unknown or closed
 ``models`` and unknown routes answer in the Anthropic shape when the request carries an
 ``anthropic-version`` header, else in the OpenAI shape.
 
-Bodies over ``max_body_bytes`` -> 413; bodies that are not JSON -> 400; anything the
+Bodies over ``max_body_bytes`` (with a Content-Length or chunked) -> 413; a body that has
+not arrived within ``body_timeout_s`` -> 408; values nested deeper than the encoders take
+(``jsonio.TooDeep``) -> 400; bodies that are not JSON -> 400; anything the
 adapters reject -> their 4xx. An unexpected exception is logged and answered 500 (never
 expected; tests assert it does not happen).
 
@@ -67,7 +69,7 @@ from aiohttp import web
 
 from proxy import anthropic_api, jsonio, openai_api, responses_api
 from proxy.chat import ChatRequest, TurnOutcome
-from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError
+from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError, RequestTimeout
 from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, check_parsers
 from proxy.pool import ReplicaPool, SharedPools, replica_url
 from proxy.prefix_cache import PrefixCache
@@ -147,7 +149,9 @@ class ProxyServer:
     a parser that is not registered while the defaults say ``"auto"``, raises
     ``UnsupportedTemplate`` here, before any session opens.
     Sessions that name their own replicas share one pool per replica set, built by
-    ``pool_factory`` (``proxy.pool.SharedPools``).
+    ``pool_factory`` (``proxy.pool.SharedPools``). Slow senders: a connection without a
+    complete request head ``header_timeout_s`` after connecting (or after its last answer,
+    when idle) is closed; a body not received within ``body_timeout_s`` is answered 408.
     """
 
     def __init__(
@@ -168,6 +172,8 @@ class ProxyServer:
         management_socket: str | Path | None = None,
         management_port: int = 0,
         management_token: str | None = None,
+        header_timeout_s: float = 75.0,
+        body_timeout_s: float = 60.0,
     ) -> None:
         if tokenizer is None:
             if model_dir is None:
@@ -199,6 +205,7 @@ class ProxyServer:
         self.shared_pools = SharedPools(pool_factory)
         self.max_body_bytes = max_body_bytes
         self.keepalive_s = keepalive_s
+        self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
         self._sessions: dict[str, _Entry] = {}
         self._turns: set[asyncio.Future[TurnOutcome]] = set()
         self._background: set[asyncio.Future[None]] = set()
@@ -213,13 +220,17 @@ class ProxyServer:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         await self.pool.start()
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # aiohttp closes a connection that has not sent a complete request head within
+        # keepalive_timeout of connecting (or of its last answer): the header read timeout
+        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=self.header_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         if self.port == 0:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._management_runner = web.AppRunner(self.management_app, access_log=None)
+        self._management_runner = web.AppRunner(
+            self.management_app, access_log=None, keepalive_timeout=self.header_timeout_s
+        )
         await self._management_runner.setup()
         if self.management_socket is not None:
             self.management_socket.unlink(missing_ok=True)
@@ -276,9 +287,14 @@ class ProxyServer:
     # -- in-process management ------------------------------------------------------------
     def open_session(self, config: SessionConfig | None = None) -> SessionHandle:
         """Open a session (``config`` None: the server's defaults). A session naming its own
-        replicas is served by the shared pool of that replica set. ``InvalidRequest`` for a
-        replica url that is not ``http(s)://host[:port]``. Needs a running event loop."""
+        replicas is served by the shared pool of that replica set. ``InvalidRequest`` for
+        sampling values vLLM would refuse (``SamplingParams.problems``) and for a replica url
+        that is not ``http(s)://host[:port]``. Needs a running event loop."""
         config = config or self.defaults
+        problems = config.sampling.problems()
+        if problems:
+            name, why = problems[0]
+            raise InvalidRequest(f"sampling.{name}: {why}", param=f"sampling.{name}")
         sid, secret = uuid.uuid4().hex, secrets.token_urlsafe(24)
         try:
             shared = self.shared_pools.acquire(config.replicas) if config.replicas else None
@@ -334,7 +350,9 @@ class ProxyServer:
             raise NotFound(f"unknown session {session_id}")
         app = self._protocol_app(prefix="")
         app[_BOUND] = (session_id, entry.secret)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=self.header_timeout_s
+        )
         await runner.setup()
         try:
             await web.SockSite(runner, sock).start()
@@ -359,6 +377,9 @@ class ProxyServer:
         for entry in self._sessions.values():
             entry.session.set_policy_version(version)
         return len(self._sessions)
+
+    async def _read_json(self, request: web.Request) -> Any:
+        return await _read_json(request, self.max_body_bytes, self.body_timeout_s)
 
     def session(self, session_id: str) -> Session:
         """The live ``Session`` (tests and the worker read its trajectory)."""
@@ -416,7 +437,7 @@ class ProxyServer:
     # Each raises ProxyError for a bad request; ``_management`` answers it as a JSON error.
     @_management
     async def _create(self, request: web.Request) -> web.Response:
-        body = await _read_json(request, self.max_body_bytes) if request.can_read_body else {}
+        body = await self._read_json(request) if request.can_read_body else {}
         try:
             config = self.defaults.with_overrides(body)
         except (TypeError, ValueError) as exc:
@@ -433,7 +454,7 @@ class ProxyServer:
 
     @_management
     async def _policy_version(self, request: web.Request) -> web.Response:
-        body = await _read_json(request, self.max_body_bytes)
+        body = await self._read_json(request)
         version = body.get("version") if isinstance(body, dict) else None
         if isinstance(version, bool) or not isinstance(version, int):
             raise InvalidRequest('body must be {"version": <int>}')
@@ -444,7 +465,7 @@ class ProxyServer:
 
     @_management
     async def _change_replicas(self, request: web.Request) -> web.Response:
-        add, remove = _replica_changes(await _read_json(request, self.max_body_bytes))
+        add, remove = _replica_changes(await self._read_json(request))
         for url in add:
             self.pool.add_replica(url)
         for url in remove:
@@ -487,11 +508,9 @@ class ProxyServer:
         render = anthropic_api.render_error
         try:
             session = self._lookup(request)
-            chat = anthropic_api.parse_messages_request(
-                await _read_json(request, self.max_body_bytes), session.message_memo
-            )
-        except ProxyError as exc:
-            return _error(render(exc))
+            chat = anthropic_api.parse_messages_request(await self._read_json(request), session.message_memo)
+        except _CLIENT_ERRORS as exc:
+            return _error(render(_client_error(exc)))
         session.note_ignored(chat.ignored_fields)
         model = chat.model or session.config.model
 
@@ -515,22 +534,20 @@ class ProxyServer:
         try:
             session = self._lookup(request)
             chat = anthropic_api.parse_count_tokens_request(
-                await _read_json(request, self.max_body_bytes), session.message_memo
+                await self._read_json(request), session.message_memo
             )
             n = session.count_tokens(chat)
-        except ProxyError as exc:
-            return _error(anthropic_api.render_error(exc))
+        except _CLIENT_ERRORS as exc:
+            return _error(anthropic_api.render_error(_client_error(exc)))
         return _json_response(anthropic_api.count_tokens_response(n))
 
     async def _openai_chat(self, request: web.Request) -> web.StreamResponse:
         render = openai_api.render_error
         try:
             session = self._lookup(request)
-            chat = openai_api.parse_chat_request(
-                await _read_json(request, self.max_body_bytes), session.message_memo
-            )
-        except ProxyError as exc:
-            return _error(render(exc))
+            chat = openai_api.parse_chat_request(await self._read_json(request), session.message_memo)
+        except _CLIENT_ERRORS as exc:
+            return _error(render(_client_error(exc)))
         session.note_ignored(chat.ignored_fields)
         model = chat.model or session.config.model
 
@@ -563,10 +580,10 @@ class ProxyServer:
         try:
             session = self._lookup(request)
             parsed = responses_api.parse_responses_request(
-                await _read_json(request, self.max_body_bytes), session.message_memo
+                await self._read_json(request), session.message_memo
             )
-        except ProxyError as exc:
-            return _error(render(exc))
+        except _CLIENT_ERRORS as exc:
+            return _error(render(_client_error(exc)))
         chat = parsed.chat
         session.note_ignored(chat.ignored_fields)
 
@@ -630,6 +647,7 @@ class ProxyServer:
             try:
                 outcome = task.result()
             except Exception as exc:  # noqa: BLE001 - rendered in the protocol's shape
+                exc = _client_error(exc)
                 return _error(render_error(exc), log_unexpected=not isinstance(exc, ProxyError))
             if not chat.stream:
                 return _json_response(render_json(outcome))
@@ -642,6 +660,7 @@ class ProxyServer:
             try:
                 outcome = task.result()
             except Exception as exc:  # noqa: BLE001 - sent as the protocol's error event
+                exc = _client_error(exc)
                 if not isinstance(exc, ProxyError):
                     log.exception("turn failed unexpectedly")
                 await resp.write(stream_error(exc))
@@ -701,20 +720,39 @@ def _replica_changes(body: Any) -> tuple[list[str], list[str]]:
     return out[0], out[1]
 
 
+# What a client's body can cause besides ProxyError: nesting too deep for the encoders
+# (jsonio.TooDeep) or, past every check, for the Python stack (a chat template rendering a
+# deep tool schema). Both are the client's 400, never a 500.
+_CLIENT_ERRORS = (ProxyError, jsonio.TooDeep, RecursionError)
+
+
+def _client_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, (jsonio.TooDeep, RecursionError)):
+        return InvalidRequest(f"request nested too deeply: {exc}")
+    return exc
+
+
 def _json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=jsonio.dumps(body), status=status, content_type="application/json")
 
 
-async def _read_json(request: web.Request, limit: int) -> Any:
-    """The decoded JSON body. ``PayloadTooLarge`` over ``limit``; ``InvalidRequest`` if not JSON."""
+async def _read_json(request: web.Request, limit: int, timeout_s: float) -> Any:
+    """The decoded JSON body. ``PayloadTooLarge`` over ``limit``; ``RequestTimeout`` when it
+    has not arrived within ``timeout_s``; ``InvalidRequest`` if not JSON."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(request.content_length, limit)
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLarge(exc.actual_size or limit + 1, limit) from None
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
+    except TimeoutError:  # aiohttp closes the connection after the answer: its body is unread
+        raise RequestTimeout(timeout_s) from None
+    except web.HTTPRequestEntityTooLarge:
+        # a chunked body (no Content-Length) cut off by aiohttp once past client_max_size
+        raise PayloadTooLarge(None, limit) from None
     try:
         return jsonio.loads(raw)
+    except jsonio.TooDeep as exc:
+        raise InvalidRequest(f"request body: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 

@@ -95,6 +95,14 @@ def pieces(s: str, size: int) -> list[str]:
     return [s[i : i + size] for i in range(0, len(s), size)]
 
 
+def _digest(value: Any, path: str) -> bytes | None:
+    """``jsonio.json_digest``; a value nested too deeply to encode is the client's 400."""
+    try:
+        return jsonio.json_digest(value)
+    except jsonio.TooDeep as exc:
+        raise InvalidRequest(f"{path}: {exc}", param=path) from None
+
+
 class RecentParses(Generic[R]):
     """``parse(value)`` for a decoded JSON value, remembered for the last ``size`` distinct
     values. The key is the digest of the value's JSON text (``jsonio.json_digest``), not Python
@@ -110,8 +118,8 @@ class RecentParses(Generic[R]):
         self._parse, self._size = parse, size
         self._results: OrderedDict[bytes, R] = OrderedDict()  # by jsonio.json_digest
 
-    def __call__(self, value: Any) -> R:
-        key = jsonio.json_digest(value)
+    def __call__(self, value: Any, path: str = "tools") -> R:
+        key = _digest(value, path)
         if key is None:  # not plain JSON: nothing to key on
             return self._parse(value)
         result = self._results.get(key)
@@ -186,7 +194,7 @@ class MessageMemo:
             del entries[key]
 
     def convert(self, raw: Any, path: str, fn: Callable[[Any, str], Converted]) -> Converted:
-        digest = jsonio.json_digest(raw)
+        digest = _digest(raw, path)
         if digest is None:  # not plain JSON: convert without remembering
             return fn(raw, path)
         key = (fn, digest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -32,6 +33,27 @@ OPENAI_TOOLS = [
         },
     }
 ]
+
+
+HOLE = "@@DEEP@@"  # where body_with puts a deeply nested value
+
+
+def nested(depth: int) -> str:
+    """JSON text of a value nested ``depth`` levels (objects and lists alternating), built as
+    text: the stdlib encoder itself would overflow the stack on it."""
+    text = '"x"'
+    for i in range(depth):
+        text = f"[{text}]" if i % 2 else f'{{"a":{text}}}'
+    return text
+
+
+def body_with(template: dict, depth: int) -> bytes:
+    """``template`` as JSON with HOLE (a string value) replaced by a ``depth``-deep value, and
+    HOLE inside a JSON-string value (tool-call arguments) by the same value as text."""
+    raw = json.dumps(template)
+    deep = nested(depth)
+    raw = raw.replace(json.dumps(HOLE), deep)
+    return raw.replace(HOLE, json.dumps(deep)[1:-1]).encode()
 
 
 SCAFFOLD_BIN = Path(__file__).resolve().parents[2] / ".cache" / "scaffolds" / "node_modules" / ".bin"

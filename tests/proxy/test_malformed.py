@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
-from tests.proxy._support import load_tokenizer, proxy_server
+from tests.proxy._support import HOLE, body_with, load_tokenizer, proxy_server
 
 json_values = st.recursive(
     st.none()
@@ -114,16 +114,22 @@ class ThreadedProxy:
 
 
 def post(
-    url: str, body: bytes, headers: dict[str, str] | None = None, method: str = "POST"
+    url: str,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    method: str = "POST",
+    chunk: int | None = None,
 ) -> tuple[int, bytes]:
+    """``chunk``: send the body with Transfer-Encoding: chunked in pieces of that size."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     try:
         conn.request(
             method,
             parts.path + (f"?{parts.query}" if parts.query else ""),
-            body=body,
+            body=body if chunk is None else iter([body[i : i + chunk] for i in range(0, len(body), chunk)]),
             headers={"Content-Type": "application/json", **(headers or {})},
+            encode_chunked=chunk is not None,
         )
         resp = conn.getresponse()
         return resp.status, resp.read()
@@ -206,9 +212,50 @@ def test_random_paths_and_management(proxy, target, path, method):
         assert status < 500, (url, status, raw[:200])
 
 
+@FUZZ
+@given(
+    data=st.data(),
+    depth=st.integers(min_value=1, max_value=1500),
+    chunk=st.none() | st.integers(min_value=1, max_value=4096),
+)
+def test_deep_nesting_anywhere_and_chunked_bodies(proxy, bystander, target, data, depth, chunk):
+    """A valid body with one value (a top-level field, a message, a block's text/input/content,
+    or the whole body) replaced by a value nested ``depth`` levels, sent whole or chunked."""
+    route = data.draw(st.sampled_from(ROUTES))
+    spot = data.draw(_mutations(route).map(lambda b: json.loads(json.dumps(b))))
+    body = _with_hole(spot, data.draw(st.randoms()))
+    headers = {"anthropic-version": "2023-06-01"} if route.startswith("messages") else {}
+    raw = body_with(body, depth)
+    status, reply = post(f"{target.anthropic_base_url}/v1/{route}", raw, headers, chunk=chunk)
+    if len(raw) > 64 * 1024:
+        assert status == 413, (status, reply[:200])
+    _assert_client_error(status, reply, route, allow_ok=True)
+
+
+def _with_hole(value, rnd):
+    """``value`` with one random leaf or container replaced by HOLE (the value itself if none)."""
+    spots = []
+
+    def walk(v, parent, key):
+        spots.append((parent, key))
+        children = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+        for k, child in children:
+            walk(child, v, k)
+
+    walk(value, None, None)
+    parent, key = rnd.choice(spots)
+    if parent is None:
+        return HOLE
+    parent[key] = HOLE
+    return value
+
+
 def test_oversized_body_is_413(proxy, target):
-    status, raw = post(f"{target.openai_base_url}/chat/completions", b"[" + b"1," * 40000 + b"1]")
-    assert status == 413 and json.loads(raw)["error"]
+    for chunk in (None, 1000):  # with Content-Length, and chunked (no length known up front)
+        status, raw = post(
+            f"{target.openai_base_url}/chat/completions", b"[" + b"1," * 40000 + b"1]", chunk=chunk
+        )
+        assert status == 413 and json.loads(raw)["error"], (chunk, status, raw[:200])
 
 
 def test_bystander_session_unaffected(proxy, bystander, target):
