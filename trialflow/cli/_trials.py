@@ -25,8 +25,10 @@ from trialflow.cli._app import (
 )
 from trialflow.cli._views import results_table, status_table, trial_progress
 from trialflow.errors import UnknownScaffold
+from trialflow.preflight import check_run
 from trialflow.scaffolds.registry import parse_scaffold_options, register_scaffold
 from trialflow.settings import TrialflowSettings
+from trialflow.storage import open_store
 from workflows.shared import TrialResult, TrialSpec
 
 
@@ -106,6 +108,14 @@ def run(
         raise typer.BadParameter(str(err), param_hint="--scaffold-option") from None
     for name, target in settings.extra_scaffolds.items():
         register_scaffold(name, target)
+    problems = check_run(
+        task_dirs, scaffold, attempts=attempts, scaffold_options=options, store=lambda: open_store(settings)
+    )
+    if problems:
+        for line in problems:
+            console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
+        console.print(f"nothing submitted ({len(problems)} problem{'s' if len(problems) > 1 else ''})")
+        raise typer.Exit(2)
     try:
         specs = batch.make_specs(
             batch_id,

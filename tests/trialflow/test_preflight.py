@@ -1,0 +1,65 @@
+"""`trialflow run` checks everything before submitting and prints one line per problem."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from tests.trialflow.conftest import EXAMPLES
+from trialflow.cli import app
+from trialflow.preflight import check_run
+from trialflow.storage import LocalStore
+
+
+def _copy(tmp_path: Path, rel: str, src: str = "create-file") -> Path:
+    dest = tmp_path / rel
+    shutil.copytree(EXAMPLES / src, dest)
+    return dest
+
+
+def test_a_good_batch_has_no_problems(tmp_path):
+    tasks = [EXAMPLES / "create-file", EXAMPLES / "fix-bug"]
+    assert check_run(tasks, "oracle", attempts=2, store=lambda: LocalStore(tmp_path / "store")) == []
+
+
+def test_every_problem_one_line(tmp_path):
+    no_solution = _copy(tmp_path, "no-solution")
+    shutil.rmtree(no_solution / "solution")
+    gpu = _copy(tmp_path, "gpu")
+    (gpu / "task.toml").write_text((gpu / "task.toml").read_text() + "gpus = 1\n")
+    a, b = _copy(tmp_path, "x/dup"), _copy(tmp_path, "y/dup")
+    problems = check_run([tmp_path / "missing", no_solution, gpu, a, a, b], "oracle", attempts=0, store=None)
+    text = "\n".join(problems)
+    assert all("\n" not in p for p in problems)
+    assert "--attempts must be at least 1 (got 0)" in text
+    assert "missing: no such task directory" in text
+    assert "solution/solve.sh is missing" in text
+    assert "[environment].gpus = 1: sandboxes get no GPUs" in text
+    assert "given twice" in text
+    assert len(problems) == 5
+
+
+def test_unknown_scaffold_and_a_store_that_does_not_answer(tmp_path):
+    (tmp_path / "ro").write_text("a file where the store dir should be")
+    problems = check_run(
+        [EXAMPLES / "create-file"], "no-such-agent", attempts=1, store=lambda: LocalStore(tmp_path / "ro")
+    )
+    assert problems[0].startswith("--scaffold: unknown scaffold 'no-such-agent'")
+    assert problems[1].startswith("result store does not answer")
+
+
+def test_cli_run_refuses_before_submitting(tmp_path):
+    """No Temporal runs here: the refusal comes before any connection is made."""
+    result = CliRunner().invoke(
+        app,
+        ["run", str(tmp_path / "nowhere"), "--attempts", "0", "--store-dir", str(tmp_path / "s"),
+         "--temporal-address", "127.0.0.1:1"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines[-1] == "nothing submitted (2 problems)"
+    assert any("--attempts must be at least 1" in line for line in lines)
+    assert "Traceback" not in result.output

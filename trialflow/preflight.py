@@ -1,0 +1,79 @@
+"""Checks before a batch is submitted: everything a run needs, all problems at once, one
+line each, so no trial is wasted on a typo (issue 13, "the first hour").
+
+`check_run` returns the problems (empty: go). It checks: at least one attempt; every task
+path exists and loads (`trialflow.tasks.load_task`: invalid fields, refused Harbor
+features, compose files); the scaffold resolves with its options; `oracle` has a
+`solution/solve.sh` in every task; no two tasks would share a trial id; and the result
+store answers with its credentials (a probe object is written and read back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trialflow.batch import TrialIdCollision, task_labels
+from trialflow.errors import TrialflowError, UnsupportedFeature
+from trialflow.scaffolds import check_scaffold
+from trialflow.storage import ResultStore
+from trialflow.tasks import load_task
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, UnsupportedFeature):
+        return f"{err.task_dir}: not supported: " + "; ".join(err.features)
+    return " ".join(str(err).split())
+
+
+def check_run(
+    task_dirs: Sequence[Path],
+    scaffold: str,
+    *,
+    attempts: int,
+    scaffold_options: dict[str, Any] | None = None,
+    store: Callable[[], ResultStore] | None = None,
+) -> list[str]:
+    """Problems that would make the batch fail or mislead, one line each (empty: none)."""
+    problems: list[str] = []
+    if attempts < 1:
+        problems.append(f"--attempts must be at least 1 (got {attempts})")
+    if not task_dirs:
+        problems.append("no task directories given")
+    try:
+        check_scaffold(scaffold, scaffold_options)
+    except TrialflowError as err:
+        problems.append(f"--scaffold: {_one_line(err)}")
+    existing = []
+    for path in task_dirs:
+        if not path.is_dir():
+            problems.append(f"{path}: no such task directory")
+            continue
+        existing.append(path)
+        try:
+            task = load_task(path)
+        except TrialflowError as err:
+            problems.append(_one_line(err))
+            continue
+        if scaffold == "oracle" and task.solution_dir is None:
+            problems.append(f"{task.path}: solution/solve.sh is missing (the oracle scaffold runs it)")
+    try:
+        task_labels(existing)
+    except TrialIdCollision as err:
+        problems.extend(str(err).splitlines())
+    if store is not None:
+        problems.extend(_check_store(store))
+    return problems
+
+
+def _check_store(make: Callable[[], ResultStore]) -> list[str]:
+    key = "preflight/probe"
+    try:
+        st = make()
+        st.put_bytes(key, b"ok")
+        if st.get_bytes(key) != b"ok":
+            return ["result store: a probe object read back different bytes"]
+    except Exception as err:  # any client error: credentials, endpoint, permissions
+        return [f"result store does not answer: {type(err).__name__}: {' '.join(str(err).split())[:300]}"]
+    return []
