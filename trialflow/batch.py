@@ -41,6 +41,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from trialflow.scaffolds import check_scaffold
 from workflows.shared import (
     SA_BATCH,
+    SA_REWARD_VALID,
     SA_SCAFFOLD,
     SA_STEP,
     SA_TASK,
@@ -280,6 +281,7 @@ class TrialStatus:
     task: str | None
     reward: float | None
     termination: str | None
+    reward_valid: bool | None  # None: not recorded (older trials, or still running)
     replay_of: str | None
 
 
@@ -300,6 +302,9 @@ async def list_trials(client: Client, batch_id: str) -> list[TrialStatus]:
                 task=sa.get(SearchAttributeKey.for_keyword(SA_TASK)),
                 reward=sa.get(SearchAttributeKey.for_float("TrialReward")),
                 termination=sa.get(SearchAttributeKey.for_keyword("TrialTermination")),
+                reward_valid={"true": True, "false": False}.get(
+                    sa.get(SearchAttributeKey.for_keyword(SA_REWARD_VALID)) or ""
+                ),
                 replay_of=memo.get("replay_of") or None,
             )
         )
@@ -315,7 +320,8 @@ async def spec_of(client: Client, workflow_id: str) -> TrialSpec:
 async def replay_failed(client: Client, batch_id: str) -> list[TrialSpec]:
     """Specs that re-run each failed trial of the batch with the same inputs.
 
-    A trial counts as failed when it closed with an error in its result, or when its
+    A trial counts as failed when it closed with an error in its result or an invalid reward
+    (a verifier that crashed), or when its
     workflow itself did not complete. Trials already replayed successfully are skipped;
     the new spec's replay number follows the highest existing replay of that trial.
     """
@@ -348,4 +354,4 @@ async def _failed(client: Client, trial: TrialStatus) -> bool:
     if trial.status != WorkflowExecutionStatus.COMPLETED.name:
         return True
     result = await client.get_workflow_handle(trial.workflow_id, result_type=TrialResult).result()
-    return result.failed
+    return result.failed or not result.reward_valid

@@ -24,7 +24,8 @@ from rich.table import Table
 from rich.text import Text
 
 from proxy.trajectory import Trajectory
-from trialflow.storage import AttemptRecord, LoadedAttempt, ResultStore
+from trialflow.display import reward_text, strip_ansi
+from trialflow.storage import AttemptRecord, LoadedAttempt, ResultStore, TrialKeys
 from workflows.shared import TrialResult
 
 TURN_COLUMNS = (
@@ -134,17 +135,17 @@ def result_view(result: TrialResult) -> Table:
     table.add_column("field", style="bold")
     table.add_column("value")
     rewards = ", ".join(f"{k}={v:g}" for k, v in sorted(result.rewards.items())) or "none"
-    reward = f"{result.reward:.3f}" + ("" if result.reward_valid else " (invalid)")
+    reward = reward_text(result)
     error = "" if result.error is None else (
         f"{result.error.type} in {result.error.phase} (attempt {result.error.attempt}"
-        + (", non-retryable" if result.error.non_retryable else "") + f"): {result.error.message}"
+        + (", non-retryable" if result.error.non_retryable else "") + f"): {strip_ansi(result.error.message)}"
     )  # fmt: skip
     rows = (
         ("task / scaffold", (f"{result.task_name} / {result.scaffold}  "
                              f"(batch {result.batch_id}, sample {result.sample_index})")),
         ("reward", reward),
         ("rewards", rewards),
-        ("reward error", result.reward_error or ""),
+        ("reward error", strip_ansi(result.reward_error or "")),
         ("termination", result.termination_reason),
         ("error", error),
         ("attempts", str(result.attempts)),
@@ -170,3 +171,22 @@ def batch_results(store: ResultStore, batch_id: str) -> list[TrialResult]:
     ]  # fmt: skip
     results = [TrialResult.model_validate_json(store.get_bytes(k)) for k in keys]
     return sorted(results, key=lambda r: r.trial_id)
+
+
+VERIFIER_LOG_CAP = 20_000  # characters shown per file (the tail)
+
+
+def verifier_logs(store: ResultStore, result: TrialResult) -> dict[str, str]:
+    """The last attempt's verifier output as stored by the verify activity: stdout, stderr
+    and every file test.sh left under /logs/verifier, by name, ANSI escapes stripped, each
+    cut to its last `VERIFIER_LOG_CAP` characters. {} when nothing was stored."""
+    if result.attempts < 1:
+        return {}
+    prefix = TrialKeys(result.batch_id, result.trial_id, result.attempts).log("verifier") + "/"
+    out = {}
+    for key in sorted(store.list_keys(prefix)):
+        text = strip_ansi(store.get_bytes(key).decode("utf-8", "replace"))
+        if len(text) > VERIFIER_LOG_CAP:
+            text = f"[... {len(text) - VERIFIER_LOG_CAP} earlier characters cut]\n" + text[-VERIFIER_LOG_CAP:]
+        out[key[len(prefix) :]] = text
+    return out

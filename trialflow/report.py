@@ -20,9 +20,10 @@ from __future__ import annotations
 import html
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from trialflow.display import reward_text, strip_ansi, why
 from workflows.shared import TrialResult
 
 PHASES = ("setup", "scaffold", "verify", "teardown")
@@ -132,9 +133,14 @@ def trajectory_state(result: TrialResult) -> str:
 
 
 def render_report(
-    results: Sequence[TrialResult], title: str = "trialflow batch", cancelled: Iterable[str] = ()
+    results: Sequence[TrialResult],
+    title: str = "trialflow batch",
+    cancelled: Iterable[str] = (),
+    verifier_logs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> str:
-    """The whole report as one HTML string. ``cancelled``: trial ids a straggler policy cut."""
+    """The whole report as one HTML string. ``cancelled``: trial ids a straggler policy cut.
+    ``verifier_logs``: trial id -> file name -> text (`trialflow.inspection.verifier_logs`),
+    shown per trial as collapsed sections."""
     cut = set(cancelled)
     valid = [r for r in results if r.reward_valid]
     rewards = [r.reward for r in valid]
@@ -177,14 +183,14 @@ def render_report(
             r.task_name,
             r.scaffold,
             r.termination_reason + (" (cut)" if r.trial_id in cut else ""),
-            f"{r.reward:.3f}" if r.reward_valid else "invalid",
+            reward_text(r),
             r.turns,
             f"{r.rewrites_client}/{r.rewrites_template}",
             r.prompt_tokens,
             r.response_tokens,
             f"{sum(r.timings.values()):.1f}",
             trajectory_state(r),
-            f"{r.error.type}: {r.error.message}" if r.error else (r.reward_error or ""),
+            why(r),
         )
         for r in sorted(results, key=lambda r: (r.task_name, r.sample_index, r.trial_id))
     ]
@@ -200,7 +206,10 @@ def render_report(
         _table(("termination", "trials"), sorted(terminations.items()), numeric={1}),
         _table(
             ("error", "trials", "example trial", "message"),
-            [(k, len(v), v[0].trial_id, v[0].error.message[:300]) for k, v in sorted(errors.items())],
+            [
+                (k, len(v), v[0].trial_id, strip_ansi(v[0].error.message)[:300])
+                for k, v in sorted(errors.items())
+            ],
             numeric={1},
         ),
         _table(("reward error", "trials"), sorted(reward_errors.items()), numeric={1}),
@@ -228,8 +237,22 @@ def render_report(
     ]
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
-        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
+        f"<style>{_CSS}</style></head><body>{''.join(body)}{_verifier_sections(verifier_logs or {})}"
+        "</body></html>\n"
     )
+
+
+def _verifier_sections(logs: Mapping[str, Mapping[str, str]]) -> str:
+    parts = []
+    for trial_id, files in sorted(logs.items()):
+        if not files:
+            continue
+        inner = "".join(
+            f"<details><summary>{_e(name)}</summary><pre>{_e(strip_ansi(text))}</pre></details>"
+            for name, text in files.items()
+        )
+        parts.append(f"<h3>{_e(trial_id)}</h3>{inner}")
+    return "<h2>Verifier output</h2>" + "".join(parts) if parts else ""
 
 
 def write_report(
@@ -237,8 +260,9 @@ def write_report(
     results: Sequence[TrialResult],
     title: str = "trialflow batch",
     cancelled: Iterable[str] = (),
+    verifier_logs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(results, title, cancelled), encoding="utf-8")
+    out.write_text(render_report(results, title, cancelled, verifier_logs), encoding="utf-8")
     return out

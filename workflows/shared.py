@@ -53,6 +53,7 @@ SA_SCAFFOLD = "TrialScaffold"
 SA_REWARD = "TrialReward"
 SA_TERMINATION = "TrialTermination"
 SA_STEP = "TrialStep"
+SA_REWARD_VALID = "TrialRewardValid"  # "true" / "false": an invalid reward is not a 0
 SEARCH_ATTRIBUTE_TYPES: dict[str, str] = {
     SA_BATCH: "keyword",
     SA_TASK: "keyword",
@@ -60,6 +61,7 @@ SEARCH_ATTRIBUTE_TYPES: dict[str, str] = {
     SA_REWARD: "double",
     SA_TERMINATION: "keyword",
     SA_STEP: "int",
+    SA_REWARD_VALID: "keyword",
 }
 
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.shared import (
         SA_BATCH,
         SA_REWARD,
+        SA_REWARD_VALID,
         SA_SCAFFOLD,
         SA_STEP,
         SA_TASK,
@@ -240,12 +241,14 @@ class TrialWorkflow:
             retry_policy=STORE_RETRY,
         )
         result.result_uri = stored.result_uri
-        workflow.upsert_search_attributes(
-            [
-                SearchAttributeKey.for_float(SA_REWARD).value_set(result.reward),
-                SearchAttributeKey.for_keyword(SA_TERMINATION).value_set(result.termination_reason),
-            ]
-        )
+        attributes = [
+            SearchAttributeKey.for_float(SA_REWARD).value_set(result.reward),
+            SearchAttributeKey.for_keyword(SA_TERMINATION).value_set(result.termination_reason),
+        ]
+        if workflow.patched("reward-valid-search-attribute"):
+            valid = "true" if result.reward_valid else "false"
+            attributes.append(SearchAttributeKey.for_keyword(SA_REWARD_VALID).value_set(valid))
+        workflow.upsert_search_attributes(attributes)
         return result
 
     async def _attempt(

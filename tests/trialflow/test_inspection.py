@@ -141,7 +141,7 @@ def test_result_view_shows_termination_rewards_and_error():
         error=TrialError(type="ScaffoldExit", message="boom", phase="scaffold", attempt=2),
     )
     text = render(result_view(result))
-    assert "max_turns" in text and "0.000 (invalid)" in text and "reward.txt missing" in text
+    assert "max_turns" in text and "│ invalid" in text and "reward.txt missing" in text
     assert "ScaffoldExit in scaffold (attempt 2): boom" in text and "setup 1.5  scaffold 3.0" in text
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
+from temporalio.service import RPCError, RPCStatusCode
 
 from trialflow import batch
 from trialflow.cli._app import S3Opt, StoreDirOpt, TemporalOpt, console, settings_from_flags
@@ -20,7 +21,27 @@ def _trial_batch(settings: TrialflowSettings, trial_id: str) -> str:
         client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
         return (await batch.spec_of(client, trial_id)).batch_id
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            _fail(
+                f"no trial {trial_id!r} in Temporal ({settings.temporal_address}); give --batch-id if it ran elsewhere"
+            )
+        _fail(f"cannot look up trial {trial_id!r} in Temporal ({settings.temporal_address}): {err.message}")
+    except RuntimeError as err:  # the client could not connect
+        _fail(f"cannot reach Temporal at {settings.temporal_address} to look up {trial_id!r}: {err}")
+
+
+def _where(settings: TrialflowSettings) -> str:
+    if settings.s3_endpoint:
+        return f"s3://{settings.s3_bucket}/{settings.s3_prefix} at {settings.s3_endpoint}"
+    return f"the store directory {settings.store_dir}"
+
+
+def _fail(message: str) -> NoReturn:
+    console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
 
 
 def inspect(
@@ -33,15 +54,24 @@ def inspect(
     s3: S3Opt = None,
     store_dir: StoreDirOpt = None,
 ) -> None:
-    """Print a trial's stored result and every attempt's trajectory, turn by turn."""
-    from trialflow.inspection import attempt_view, result_view
+    """Print a trial's stored result, its verifier output and every attempt's trajectory."""
+    from rich.panel import Panel
+    from rich.text import Text
+
+    from trialflow.errors import ObjectNotFound
+    from trialflow.inspection import attempt_view, result_view, verifier_logs
     from trialflow.storage import load_attempt, open_store, trial_result_key
 
     settings = settings_from_flags(temporal=temporal, s3=s3, store_dir=store_dir)
     batch_id = batch_id or _trial_batch(settings, trial_id)
     store = open_store(settings)
-    result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(batch_id, trial_id)))
+    try:
+        result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(batch_id, trial_id)))
+    except ObjectNotFound:
+        _fail(f"no stored result for trial {trial_id!r} of batch {batch_id!r} in {_where(settings)}")
     console.print(result_view(result))
+    for name, text in verifier_logs(store, result).items():
+        console.print(Panel(Text(text.rstrip() or "(empty)"), title=f"verifier: {name}", title_align="left"))
     for record in result.attempt_records:
         console.print(attempt_view(load_attempt(store, record)))
 
@@ -53,14 +83,15 @@ def report(
     store_dir: StoreDirOpt = None,
 ) -> None:
     """Write a self-contained HTML report of a batch from the results in the store."""
-    from trialflow.inspection import batch_results
+    from trialflow.inspection import batch_results, verifier_logs
     from trialflow.report import write_report
     from trialflow.storage import open_store
 
     settings = settings_from_flags(s3=s3, store_dir=store_dir)
-    results = batch_results(open_store(settings), batch_id)
+    store = open_store(settings)
+    results = batch_results(store, batch_id)
     if not results:
-        console.print(f"no results stored for batch {batch_id}")
-        raise typer.Exit(1)
-    path = write_report(out, results, title=f"batch {batch_id}")
+        _fail(f"no results stored for batch {batch_id!r} in {_where(settings)}")
+    logs = {r.trial_id: verifier_logs(store, r) for r in results}
+    path = write_report(out, results, title=f"batch {batch_id}", verifier_logs=logs)
     console.print(f"{len(results)} trials -> {path}")

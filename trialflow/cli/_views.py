@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from trialflow.batch import TrialStatus
+from trialflow.display import mean_valid, reward_text, why
 from workflows.shared import TrialResult
 
 
@@ -21,20 +22,24 @@ def trial_progress(console: Console, title: str, total: int) -> Iterator[Callabl
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("errors {task.fields[errors]}  mean reward {task.fields[mean]:.3f}"),
+        TextColumn(
+            "errors {task.fields[errors]}  invalid {task.fields[invalid]}  mean reward {task.fields[mean]}"
+        ),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as progress:
-        bar = progress.add_task(title, total=total, errors=0, mean=0.0)
+        bar = progress.add_task(title, total=total, errors=0, invalid=0, mean="-")
         done: list[TrialResult] = []
 
         def on_result(result: TrialResult) -> None:
             done.append(result)
+            mean, invalid = mean_valid(done)  # an invalid reward is not a 0
             progress.update(
                 bar,
                 advance=1,
                 errors=sum(r.failed for r in done),
-                mean=sum(r.reward for r in done) / len(done),
+                invalid=invalid,
+                mean="-" if mean is None else f"{mean:.3f}",
             )
 
         yield on_result
@@ -43,27 +48,21 @@ def trial_progress(console: Console, title: str, total: int) -> Iterator[Callabl
 def results_table(results: Sequence[TrialResult], title: str = "trials") -> Table:
     """One row per trial, by trial id (what `trialflow inspect` takes; it wraps rather
     than truncates on a narrow terminal). "why" is the trial's error, else why its reward
-    is invalid (e.g. the verifier wrote no reward file)."""
+    is invalid (e.g. the verifier wrote no reward file), in one line (`trialflow.display`)."""
     table = Table(title=title)
     table.add_column("trial", overflow="fold")
     for column in ("reward", "termination", "turns", "tokens p/r", "s"):
         table.add_column(column)
     table.add_column("why", overflow="fold", ratio=1)
     for r in results:
-        if r.error:
-            why = f"{r.error.type}: {r.error.message[:160]}"
-        elif not r.reward_valid:
-            why = (r.reward_error or "no reason recorded")[:160]
-        else:
-            why = ""
         table.add_row(
             r.trial_id,
-            f"{r.reward:.3f}" if r.reward_valid else "invalid",
+            reward_text(r),
             r.termination_reason,
             str(r.turns),
             f"{r.prompt_tokens}/{r.response_tokens}",
             f"{sum(r.timings.values()):.1f}",
-            why,
+            why(r),
         )
     return table
 
@@ -71,10 +70,13 @@ def results_table(results: Sequence[TrialResult], title: str = "trials") -> Tabl
 def status_table(trials: Sequence[TrialStatus], title: str) -> Table:
     """A batch's trials as Temporal visibility lists them (no result fetch)."""
     table = Table(title=title)
-    for column in ("workflow", "status", "task", "reward", "termination", "replay of"):
-        table.add_column(column)
+    table.add_column("workflow", overflow="fold")
+    for column in ("status", "task", "reward", "termination", "replay of"):
+        table.add_column(column, overflow="fold")
     for t in trials:
         reward = "" if t.reward is None else f"{t.reward:.3f}"
+        if t.reward_valid is False:
+            reward = "invalid"
         table.add_row(
             t.workflow_id,
             t.status,

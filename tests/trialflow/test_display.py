@@ -1,0 +1,100 @@
+"""What users see of outcomes: one-line causes, invalid rewards never shown as 0, reward
+components, ANSI stripped, verifier output in `inspect` and the report, one-line errors."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from trialflow.cli import app
+from trialflow.display import mean_valid, reward_text, strip_ansi, why
+from trialflow.errors import ImageBuildFailed
+from trialflow.inspection import verifier_logs
+from trialflow.report import render_report
+from trialflow.storage import LocalStore, TrialKeys, trial_result_key
+from workflows.shared import TrialError, TrialResult
+
+
+def _r(trial_id="trial-b-t-0", **kw) -> TrialResult:
+    base = dict(
+        trial_id=trial_id,
+        batch_id="b",
+        task_name="t",
+        scaffold="oracle",
+        sample_index=0,
+        termination_reason="submitted",
+        reward_valid=True,
+        reward=1.0,
+        rewards={"reward": 1.0},
+        attempts=1,
+    )
+    return TrialResult(**{**base, **kw})  # fmt: skip
+
+
+def test_strip_ansi():
+    assert strip_ansi("\x1b[31mFAILED\x1b[0m test_x \x1b]0;title\x07ok\x1b[2K") == "FAILED test_x ok"
+
+
+def test_why_is_the_cause_not_the_build_log():
+    err = ImageBuildFailed("task t: docker build failed: exit code 2", "Step 1/3 : FROM trialflow-base\nboom")
+    r = _r(error=TrialError(type="ImageBuildFailed", message=str(err), phase="setup"), reward_valid=False)
+    assert why(r) == "ImageBuildFailed: task t: docker build failed: exit code 2"
+    assert (
+        why(_r(reward_valid=False, reward_error="RewardMissing: \x1b[1mno\x1b[0m\nreward"))
+        == "RewardMissing: no reward"
+    )
+
+
+def test_invalid_reward_is_never_a_zero_and_components_are_shown():
+    assert reward_text(_r(reward_valid=False, reward=0.0)) == "invalid"
+    assert reward_text(_r(rewards={"tests": 1.0, "style": 0.0}, reward=0.5)) == "0.500 (tests=1, style=0)"
+    assert reward_text(_r()) == "1.000"
+    assert mean_valid(
+        [_r(), _r(reward=0.0, rewards={"reward": 0.0}), _r(reward_valid=False, reward=0.0)]
+    ) == (0.5, 1)
+    assert mean_valid([_r(reward_valid=False)]) == (None, 1)
+
+
+def _store_with_logs(tmp_path) -> LocalStore:
+    store = LocalStore(tmp_path / "store")
+    r = _r(reward_valid=False, reward=0.0, reward_error="RewardMissing: no reward file")
+    store.put_bytes(trial_result_key("b", r.trial_id), r.model_dump_json().encode())
+    keys = TrialKeys("b", r.trial_id, 1)
+    store.put_bytes(keys.log("verifier/stdout.txt"), b"\x1b[32m3 passed\x1b[0m, 1 failed\n")
+    store.put_bytes(keys.log("verifier/files/test-output.xml"), b"<testsuite failures='1'/>")
+    return store
+
+
+def test_verifier_output_in_inspect_and_report(tmp_path):
+    store = _store_with_logs(tmp_path)
+    r = _r(reward_valid=False, reward=0.0)
+    logs = verifier_logs(store, r)
+    assert logs == {
+        "files/test-output.xml": "<testsuite failures='1'/>",
+        "stdout.txt": "3 passed, 1 failed\n",
+    }
+    html = render_report([r], verifier_logs={r.trial_id: logs})
+    assert "Verifier output" in html and "3 passed, 1 failed" in html and "&lt;testsuite" in html
+    out = CliRunner().invoke(
+        app,
+        ["inspect", r.trial_id, "--batch-id", "b", "--store-dir", str(tmp_path / "store")],
+        env={"COLUMNS": "200"},
+    )
+    assert out.exit_code == 0, out.output
+    assert (
+        "verifier: stdout.txt" in out.output
+        and "3 passed, 1 failed" in out.output
+        and "\x1b[32m" not in out.output
+    )
+
+
+def test_unknown_ids_give_one_line(tmp_path):
+    store_dir = str(_store_with_logs(tmp_path).root)
+    out = CliRunner().invoke(app, ["inspect", "trial-nope", "--batch-id", "b", "--store-dir", store_dir])
+    assert out.exit_code == 1 and out.output.strip().startswith(
+        "error: no stored result for trial 'trial-nope'"
+    )
+    assert len(out.output.strip().splitlines()) == 1 and "Traceback" not in out.output
+    out = CliRunner().invoke(
+        app, ["report", "nobatch", "--store-dir", store_dir, "--out", str(tmp_path / "r.html")]
+    )
+    assert out.exit_code == 1 and out.output.startswith("error: no results stored for batch 'nobatch'")
