@@ -522,7 +522,8 @@ class EmbeddedInfra:
     (with `bucket`), the Docker engine, and vLLM serving the tiny model.
 
     Services already answering on their ports are reused, not duplicated. If
-    `vllm_urls` is non-empty no vLLM is started (the replicas are used as given).
+    `vllm_urls` is non-empty no vLLM is started (the replicas are used as given); with
+    `vllm=False` none is started or used.
     State and logs live under `state_dir` (default `<repo>/.trialflow`). `stop()`
     stops only what `start()` started, never the Docker engine.
     """
@@ -538,6 +539,7 @@ class EmbeddedInfra:
         served_model_name: str = "tiny",
         docker: bool = True,
         s3_credentials: S3Credentials | None = None,
+        vllm: bool = True,
     ) -> None:
         self.state_dir = state_dir or REPO_ROOT / ".trialflow"
         self.ports = ports
@@ -546,6 +548,7 @@ class EmbeddedInfra:
         self.served_model_name = served_model_name
         self._given_vllm_urls = list(vllm_urls)
         self._want_docker = docker
+        self._want_vllm = vllm  # False: no vLLM at all (`trialflow up --no-vllm`)
         self._s3_credentials = s3_credentials  # None: <state_dir>/seaweedfs/s3-credentials.json
         self.services: list[Service] = []
 
@@ -567,6 +570,8 @@ class EmbeddedInfra:
 
     @property
     def vllm_urls(self) -> list[str]:
+        if not self._want_vllm and not self._given_vllm_urls:
+            return []
         return self._given_vllm_urls or [self._endpoint("vllm")]
 
     def _endpoint(self, name: str) -> str:
@@ -596,7 +601,7 @@ class EmbeddedInfra:
             create_bucket(s3.endpoint, self.bucket, s3.credentials)
             if self._want_docker:
                 self.services.append(ensure_dockerd(logs / "dockerd.log"))
-            if not self._given_vllm_urls:
+            if self._want_vllm and not self._given_vllm_urls:
                 model_dir = self.model_dir or cached_tiny_model(self.state_dir / "models")
                 self.services.append(
                     start_vllm(

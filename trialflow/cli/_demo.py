@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,14 +20,26 @@ from trialflow.cli._views import results_table
 from trialflow.settings import load_settings
 
 if TYPE_CHECKING:
-    from infra.services import EmbeddedInfra
+    from infra.services import EmbeddedInfra, InfraPorts
 
 
-def _start_infra(replicas: Sequence[str]) -> tuple[EmbeddedInfra, str]:
-    from infra.services import EmbeddedInfra
+def _stop_on_sigterm() -> None:
+    """SIGTERM stops everything as Ctrl-C does (the `finally` blocks below run)."""
 
-    infra = EmbeddedInfra(vllm_urls=replicas)
-    with console.status("starting Temporal, SeaweedFS, Docker" + ("" if replicas else ", vLLM-CPU")):
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def _start_infra(
+    replicas: Sequence[str], ports: InfraPorts | None = None, vllm: bool = True, state_dir: Path | None = None
+) -> tuple[EmbeddedInfra, str]:
+    from infra.services import EmbeddedInfra, InfraPorts
+
+    infra = EmbeddedInfra(state_dir, vllm_urls=replicas, ports=ports or InfraPorts(), vllm=vllm)
+    starting = "Temporal, SeaweedFS, Docker" + ("" if replicas or not vllm else ", vLLM-CPU")
+    with console.status(f"starting {starting}"):
         infra.start()
     ui = f"http://127.0.0.1:{infra.ports.temporal_ui}"
     console.print(f"Temporal  {infra.temporal_address}   UI {ui}")
@@ -35,22 +48,38 @@ def _start_infra(replicas: Sequence[str]) -> tuple[EmbeddedInfra, str]:
     console.print(
         f"          keys: TRIALFLOW_S3_ACCESS_KEY={creds.access_key} "
         f"TRIALFLOW_S3_SECRET_KEY={creds.secret_key}"
-        f"  (kept in {infra.state_dir / 'seaweedfs' / 's3-credentials.json'})"
+        f"  (kept in {infra.state_dir / 'seaweedfs' / 's3-credentials.json'})",
+        highlight=False,
+        soft_wrap=True,
     )
-    console.print(f"vLLM      {', '.join(infra.vllm_urls)}")
+    console.print(f"vLLM      {', '.join(infra.vllm_urls) or 'none (--no-vllm)'}")
     return infra, ui
 
 
-def up(replicas: ReplicaOpt = None) -> None:
-    """Start the embedded infrastructure and keep it up until interrupted."""
-    infra, _ = _start_infra(replicas or [])
-    console.print("up; Ctrl-C stops what was started here")
+def up(
+    replicas: ReplicaOpt = None,
+    temporal_port: Annotated[int, typer.Option(help="Temporal frontend port")] = 7233,
+    temporal_ui_port: Annotated[int, typer.Option(help="Temporal UI port")] = 8233,
+    s3_port: Annotated[int, typer.Option(help="SeaweedFS S3 port")] = 8333,
+    vllm_port: Annotated[int, typer.Option(help="vLLM-CPU port")] = 8000,
+    vllm: Annotated[bool, typer.Option("--vllm/--no-vllm", help="start the tiny vLLM-CPU")] = True,
+    state_dir: Annotated[Path | None, typer.Option(help="state and logs (default <repo>/.trialflow)")] = None,
+) -> None:
+    """Start the embedded infrastructure and keep it up until Ctrl-C or SIGTERM."""
+    from infra.services import InfraPorts
+
+    _stop_on_sigterm()
+    ports = InfraPorts(temporal=temporal_port, temporal_ui=temporal_ui_port, s3=s3_port, vllm=vllm_port)
+    infra = None
     try:
+        infra, _ = _start_infra(replicas or [], ports, vllm=vllm, state_dir=state_dir)
+        console.print("up; Ctrl-C or SIGTERM stops what was started here")
         asyncio.run(asyncio.Event().wait())
     except KeyboardInterrupt:
         pass
     finally:
-        infra.stop()
+        if infra is not None:
+            infra.stop()
 
 
 # The tiny model is random: it rarely samples its end token, so every turn would run to
@@ -58,6 +87,11 @@ def up(replicas: ReplicaOpt = None) -> None:
 # turn at 256 generated tokens through the session's sampling settings (an upper bound
 # beside the client's own; see proxy.session), so the agent's turns finish in seconds.
 DEMO_SAMPLING = {"max_tokens": 256}
+RANDOM_MODEL_NOTE = (
+    "note: the demo model has random weights, so its turns are noise that ends at the 256-token "
+    "cap (or at an end token sampled by chance) and the agent scores 0: the pipeline works, "
+    "the model knows nothing."
+)
 
 
 def demo(
@@ -72,6 +106,7 @@ def demo(
     from infra.services import cached_tiny_model
 
     tasks = sorted(p for p in tasks_dir.iterdir() if (p / "task.toml").exists())
+    _stop_on_sigterm()
     infra, ui = _start_infra([])
     try:
         settings = load_settings(
@@ -99,6 +134,8 @@ def demo(
             )
             results = asyncio.run(run_specs(settings, specs, external_worker=False, title=scaffold))
             console.print(results_table(results, title=f"{scaffold} (batch {batch_id})"))
+            if scaffold != "oracle":
+                console.print(RANDOM_MODEL_NOTE, highlight=False, soft_wrap=True)
             # The random model's agent may crash (e.g. Claude Code gives up on replies cut
             # at the token cap): that is the agent's outcome, not a failure of the demo.
             failed |= any(r.failed and r.termination_reason != "scaffold_error" for r in results)
