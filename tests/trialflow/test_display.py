@@ -98,3 +98,22 @@ def test_unknown_ids_give_one_line(tmp_path):
         app, ["report", "nobatch", "--store-dir", store_dir, "--out", str(tmp_path / "r.html")]
     )
     assert out.exit_code == 1 and out.output.startswith("error: no results stored for batch 'nobatch'")
+
+
+def test_inspect_and_report_find_the_store_the_batch_used(tmp_path, monkeypatch):
+    from trialflow import batch_index
+    from trialflow.settings import load_settings
+
+    monkeypatch.setenv("TRIALFLOW_BATCH_INDEX", str(tmp_path / "index"))
+    store = _store_with_logs(tmp_path)
+    batch_index.record(load_settings(store_dir=store.root, s3_endpoint=None), "b")
+    # No --store-dir, no --batch-id, no Temporal: the record says where batch b lives.
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(app, ["inspect", "trial-b-t-0", "--temporal-address", "127.0.0.1:1"])
+    assert out.exit_code == 0, out.output
+    assert "3 passed, 1 failed" in out.output
+    out = CliRunner().invoke(app, ["report", "b", "--out", str(tmp_path / "r.html")])
+    assert out.exit_code == 0, out.output
+    assert (
+        batch_index.batch_of_trial("trial-b-t-0") == "b" and batch_index.batch_of_trial("trial-c-t-0") is None
+    )

@@ -10,7 +10,7 @@ from typing import Annotated, NoReturn
 import typer
 from temporalio.service import RPCError, RPCStatusCode
 
-from trialflow import batch
+from trialflow import batch, batch_index
 from trialflow.cli._app import S3Opt, StoreDirOpt, TemporalOpt, console, settings_from_flags
 from trialflow.settings import TrialflowSettings
 from workflows.shared import TrialResult
@@ -26,11 +26,23 @@ def _trial_batch(settings: TrialflowSettings, trial_id: str) -> str:
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             _fail(
-                f"no trial {trial_id!r} in Temporal ({settings.temporal_address}); give --batch-id if it ran elsewhere"
+                f"no trial {trial_id!r} in Temporal ({settings.temporal_address}); "
+                "give --batch-id if it ran elsewhere"
             )
         _fail(f"cannot look up trial {trial_id!r} in Temporal ({settings.temporal_address}): {err.message}")
     except RuntimeError as err:  # the client could not connect
         _fail(f"cannot reach Temporal at {settings.temporal_address} to look up {trial_id!r}: {err}")
+
+
+def _settings_for(batch_id: str | None, **flags) -> TrialflowSettings:
+    """Flags win; else the store `trialflow run` recorded for the batch; else the settings."""
+    recorded = batch_index.store_of(batch_id) if batch_id else None
+    if recorded is None or flags.get("s3") or flags.get("store_dir"):
+        return settings_from_flags(**flags)
+    flags = {k: v for k, v in flags.items() if k not in ("s3", "store_dir")}
+    where = {"s3": recorded.get("s3_endpoint"), "store_dir": recorded.get("store_dir")}
+    where.update({k: recorded[k] for k in ("s3_bucket", "s3_prefix") if recorded.get(k) is not None})
+    return settings_from_flags(**flags, **where)
 
 
 def _where(settings: TrialflowSettings) -> str:
@@ -62,7 +74,8 @@ def inspect(
     from trialflow.inspection import attempt_view, result_view, verifier_logs
     from trialflow.storage import load_attempt, open_store, trial_result_key
 
-    settings = settings_from_flags(temporal=temporal, s3=s3, store_dir=store_dir)
+    batch_id = batch_id or batch_index.batch_of_trial(trial_id)
+    settings = _settings_for(batch_id, temporal=temporal, s3=s3, store_dir=store_dir)
     batch_id = batch_id or _trial_batch(settings, trial_id)
     store = open_store(settings)
     try:
@@ -87,7 +100,7 @@ def report(
     from trialflow.report import write_report
     from trialflow.storage import open_store
 
-    settings = settings_from_flags(s3=s3, store_dir=store_dir)
+    settings = _settings_for(batch_id, s3=s3, store_dir=store_dir)
     store = open_store(settings)
     results = batch_results(store, batch_id)
     if not results:

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from temporalio.client import Client
 
-from trialflow import batch
+from trialflow import batch, batch_index
 from trialflow.cli._app import (
     ModelDirOpt,
     ReplicaOpt,
@@ -129,6 +129,7 @@ def run(
         )
     except UnknownScaffold as err:
         raise typer.BadParameter(str(err), param_hint="--scaffold") from None
+    batch_index.record(settings, batch_id)  # `inspect` / `report` find its store again
     console.print(f"batch [bold]{batch_id}[/]: {len(specs)} trials")
     results = asyncio.run(run_specs(settings, specs, external_worker=external_worker, title=scaffold))
     console.print(results_table(results, title=f"batch {batch_id}"))
