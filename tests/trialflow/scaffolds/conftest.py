@@ -10,6 +10,7 @@ cli_binary       skips the test unless the host npm install of that CLI exists
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -65,8 +66,11 @@ async def scripted_proxy(tiny_model_dir) -> AsyncIterator:
 
 
 def require_cli(scaffold) -> None:
-    """Skip when the host has no npm install of this scaffold's CLI (infra/setup.sh)."""
+    """Skip when the host has no npm install of this scaffold's CLI (infra/setup.sh); under
+    ``CI=true`` that is a failure (CI installs everything)."""
     try:
         scaffold.mounts()
     except ScaffoldSetupFailed as err:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and a required scaffold is missing: {err}")
         pytest.skip(str(err))
