@@ -15,10 +15,12 @@ from collections.abc import Callable
 from temporalio import activity
 
 from activities._support import heartbeat_interval, heartbeating, typed_errors
-from trialflow.errors import SandboxLost
+from trialflow.errors import SandboxLost, TaskInvalid
 from trialflow.healthcheck import run_healthcheck
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import ExecResult, SandboxBackend
+from trialflow.sandbox.egress import Egresses
+from trialflow.sandbox.network import NetworkPolicyError, network_policy
 from trialflow.scaffolds import get_scaffold
 from trialflow.storage import TrialKeys
 from trialflow.tasks import load_task
@@ -35,7 +37,9 @@ class SandboxActivities:
         store_uri: Callable[[str], str],
         host_queue: str,
         metrics: TrialMetrics,
+        egresses: Egresses | None = None,
     ) -> None:
+        self._egresses = egresses if egresses is not None else Egresses()
         self._backend = backend
         self._store_uri = store_uri
         self._host_queue = host_queue
@@ -57,6 +61,12 @@ class SandboxActivities:
         started = time.monotonic()
         with typed_errors():
             task = load_task(inp.task_path)
+            try:  # a malformed network key is a broken task: refused before a sandbox exists
+                modes = {phase: network_policy(task, phase).mode for phase in ("agent", "verifier")}
+            except NetworkPolicyError as err:
+                raise TaskInvalid(str(task.path), "task.toml", None, str(err)) from None
+            if "public" in modes.values():
+                activity.logger.warning("task %s opts into network mode public: %s", task.name, modes)
             # The backend adds its own labels (managed, trial id, worker); these say more.
             labels = {**inp.labels, "trialflow.attempt": str(inp.attempt)}
             mounts = list(get_scaffold(inp.scaffold, **inp.scaffold_options).mounts()) if inp.scaffold else []
@@ -91,6 +101,9 @@ class SandboxActivities:
             agent_timeout_s=agent_timeout if agent_timeout is not None else 3600.0,
             verifier_timeout_s=task.config.verifier.timeout_sec,
             seconds=seconds,
+            network_mode=modes["agent"]
+            if modes["agent"] == modes["verifier"]
+            else f"agent {modes['agent']}, verifier {modes['verifier']}",
         )
 
     @activity.defn(name="trial.teardown")
@@ -102,6 +115,7 @@ class SandboxActivities:
                 sandbox = await self._backend.attach(inp.sandbox_id)
             except SandboxLost:
                 return TeardownOutput(seconds=time.monotonic() - started)
+            await self._egresses.close(sandbox.id)
             await sandbox.stop()
         self._live.pop(sandbox.id, None)
         self._metrics.trials_running.set(len(self._live))

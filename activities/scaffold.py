@@ -48,6 +48,8 @@ from proxy.replay import ReplayRecord
 from proxy.trajectory import Trajectory
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import SandboxBackend
+from trialflow.sandbox.egress import Egresses
+from trialflow.sandbox.network import network_policy
 from trialflow.scaffolds import ScaffoldContext, ScaffoldResult, check_scaffold
 from trialflow.storage import ResultStore, StoreCheckpointSink, TrialKeys, load_attempt
 from trialflow.tasks import load_task
@@ -81,7 +83,9 @@ class ScaffoldActivities:
         metrics: TrialMetrics,
         client: Client | None = None,
         default_model: str | None = None,
+        egresses: Egresses | None = None,
     ) -> None:
+        self._egresses = egresses if egresses is not None else Egresses()
         self._proxy = proxy
         self._backend = backend
         self._store = store
@@ -128,6 +132,7 @@ class ScaffoldActivities:
                 timeout_s=inp.agent_timeout_s,
                 heartbeat=live.from_scaffold,
                 log_dir=Path(tmp),
+                env=await self._egresses.env_for(sandbox, network_policy(task, "agent")),
             )
             beats = asyncio.create_task(self._beat(live))
             trajectory: Trajectory | None = None

@@ -24,6 +24,8 @@ from activities._support import heartbeat_interval, heartbeating, typed_errors
 from trialflow.artifacts import collect_artifacts
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import SandboxBackend
+from trialflow.sandbox.egress import Egresses
+from trialflow.sandbox.network import network_policy
 from trialflow.storage import ResultStore, TrialKeys
 from trialflow.tasks import load_task
 from trialflow.verifier import VerifierResult, run_verifier
@@ -31,7 +33,14 @@ from workflows.shared import VerifyInput, VerifyOutput
 
 
 class VerifyActivities:
-    def __init__(self, backend: SandboxBackend, store: ResultStore, metrics: TrialMetrics) -> None:
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        store: ResultStore,
+        metrics: TrialMetrics,
+        egresses: Egresses | None = None,
+    ) -> None:
+        self._egresses = egresses if egresses is not None else Egresses()
         self._backend = backend
         self._store = store
         self._metrics = metrics
@@ -43,10 +52,12 @@ class VerifyActivities:
             task = load_task(inp.task_path)
             sandbox = await self._backend.attach(inp.sandbox_id)
             async with heartbeating(interval_s=heartbeat_interval()):
+                env = await self._egresses.env_for(sandbox, network_policy(task, "verifier"))
                 with tempfile.TemporaryDirectory(prefix="tf-verify-") as tmp:
                     result = await run_verifier(
                         sandbox,
                         task,
+                        env=env,
                         timeout_s=inp.verifier_timeout_s,
                         log_dir=Path(tmp),
                     )

@@ -149,10 +149,16 @@ def _invalid(reason: str, res: ExecResult | None = None) -> VerifierResult:
 
 
 async def run_verifier(
-    sandbox: Sandbox, task: Task, *, timeout_s: float | None = None, log_dir: Path | None = None
+    sandbox: Sandbox,
+    task: Task,
+    *,
+    timeout_s: float | None = None,
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> VerifierResult:
     """Verify the sandbox's current state for `task`. `timeout_s` overrides
-    `[verifier].timeout_sec`. When `log_dir` is given, /logs/verifier is downloaded into it
+    `[verifier].timeout_sec`; `env` (e.g. the egress proxy's) is added under
+    `[verifier].env`. When `log_dir` is given, /logs/verifier is downloaded into it
     (best effort: the verifier may have written nothing)."""
     cfg = task.config.verifier
     timeout = timeout_s if timeout_s is not None else cfg.timeout_sec
@@ -174,7 +180,10 @@ async def run_verifier(
             return _invalid(f"{VERIFIER_LOG_DIR} could not be cleared before the verifier ran", prep)
         await sandbox.upload(task.tests_dir, TESTS_DIR)
         run = await sandbox.exec(
-            f"bash {TESTS_DIR}/test.sh", timeout_s=timeout, env=cfg.env or None, user=cfg.user
+            f"bash {TESTS_DIR}/test.sh",
+            timeout_s=timeout,
+            env={**(env or {}), **cfg.env} or None,
+            user=cfg.user,
         )
         after = log_dir if log_dir is not None else Path(scratch) / "after"
         fetched = await _fetch_verifier_dir(sandbox, after)

@@ -41,6 +41,7 @@ from activities.verify import VerifyActivities
 from trialflow.batch import connect
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox import DockerBackend
+from trialflow.sandbox.egress import Egresses
 from trialflow.scaffolds import register_scaffold
 from trialflow.settings import TrialflowSettings
 from trialflow.storage import open_store
@@ -142,11 +143,12 @@ class WorkerProcess:
         self.proxy = open_proxy(settings)
         if self.proxy is not None:
             await self.proxy.start()
-        self.sandboxes = sandbox = SandboxActivities(self.backend, store.uri, queue, metrics)
+        egresses = Egresses()  # the sandboxes' egress proxies, shared by their activities
+        self.sandboxes = sandbox = SandboxActivities(self.backend, store.uri, queue, metrics, egresses)
         scaffold = ScaffoldActivities(
-            self.proxy, self.backend, store, metrics, self.client, settings.model_name
+            self.proxy, self.backend, store, metrics, self.client, settings.model_name, egresses
         )
-        verify = VerifyActivities(self.backend, store, metrics)
+        verify = VerifyActivities(self.backend, store, metrics, egresses)
         results = StoreActivities(store, metrics)
         grace = timedelta(seconds=settings.drain_grace_s)
         version = build_id()

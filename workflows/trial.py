@@ -136,6 +136,7 @@ class _Tally:
     scaffold: ScaffoldOutput | None = None
     verify: VerifyOutput | None = None
     attempts: int = 0
+    network_mode: str = "no-network"
 
     def add_time(self, phase: str, seconds: float) -> None:
         self.timings[phase] = round(self.timings.get(phase, 0.0) + seconds, 3)
@@ -280,6 +281,7 @@ class TrialWorkflow:
             retry_policy=SETUP_RETRY,
         )
         self._progress.host_queue = setup.host_queue
+        tally.network_mode = setup.network_mode
         # Until the scaffold reports, the attempt's checkpoints are all there is.
         tally.attempt_records.append(AttemptRecord.begun(attempt, setup.attempt_uri))
         try:
@@ -462,6 +464,7 @@ class TrialWorkflow:
             reward_valid=verify.reward_valid if verify else False,
             reward_error=verify.reward_error if verify else None,
             termination_reason=termination,
+            network_mode=tally.network_mode,
             turns=scaffold.turns if scaffold else self._progress.turns,
             replayed_turns=scaffold.replayed_turns if scaffold else 0,
             generated_turns=scaffold.turns - scaffold.replayed_turns if scaffold else 0,

@@ -132,7 +132,7 @@ class DockerSandbox(Sandbox):
             raise EntrypointExited(
                 f"sandbox {self._name}: the image's ENTRYPOINT exited with code {state.get('ExitCode')} "
                 f"before the agent could start (Harbor runs it with `sh -c 'sleep infinity'` as its "
-                f"arguments; an entrypoint script should end in `exec \"$@\"`)"
+                f'arguments; an entrypoint script should end in `exec "$@"`)'
                 + (f"; its last output: {logs.strip()[-500:]}" if logs.strip() else "")
             )
         if ready is None or not ready.ok:

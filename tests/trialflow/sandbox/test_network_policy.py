@@ -1,0 +1,79 @@
+"""NetworkPolicy and the task keys it comes from (pure): modes, Harbor's allowed_hosts
+entries, phase overrides, the address checks that keep the worker's services unreachable."""
+
+import ipaddress
+import shutil
+
+import pytest
+
+from tests.trialflow.conftest import EXAMPLES
+from trialflow.sandbox.network import NetworkPolicy, NetworkPolicyError, network_policy
+from trialflow.tasks import load_task
+
+A = ipaddress.ip_address
+
+
+def test_no_network_and_public():
+    assert not NetworkPolicy().allows("pypi.org", [A("151.101.0.223")])
+    public = NetworkPolicy("public")
+    assert public.allows("pypi.org", [A("151.101.0.223")])
+    for inner in ("127.0.0.1", "10.0.0.5", "192.168.1.1", "169.254.169.254", "::1", "172.17.0.1"):
+        assert not public.allows("evil.example", [A(inner)]), inner
+    # Every address must pass: a name resolving to a public and a loopback address is refused.
+    assert not public.allows("mixed.example", [A("151.101.0.223"), A("127.0.0.1")])
+
+
+def test_allowlist_entries():
+    policy = NetworkPolicy("allowlist", ("PyPI.org.", "*.pythonhosted.org", "127.0.0.2", "198.51.100.0/24"))
+    assert policy.allowed_hosts == ("pypi.org", "*.pythonhosted.org", "127.0.0.2", "198.51.100.0/24")
+    assert policy.allows("pypi.org", [A("151.101.0.223")])
+    assert policy.allows("files.pythonhosted.org", [A("151.101.0.1")])
+    assert not policy.allows("pythonhosted.org.evil.com", [A("151.101.0.1")])
+    assert policy.allows("127.0.0.2", [A("127.0.0.2")])
+    assert not policy.allows("127.0.0.1", [A("127.0.0.1")])
+    assert policy.allows("198.51.100.7", [A("198.51.100.7")])
+    assert not policy.allows("other.org", [A("151.101.0.223")])
+    for bad in ("https://pypi.org", "pypi.org:443", "*pypi.org", "a.*.org", "10.0.0.0/33", ""):
+        with pytest.raises(NetworkPolicyError):
+            NetworkPolicy("allowlist", (bad,))
+    with pytest.raises(NetworkPolicyError, match="only valid"):
+        NetworkPolicy("public", ("pypi.org",))
+    with pytest.raises(NetworkPolicyError):
+        NetworkPolicy("internet")  # type: ignore[arg-type]
+
+
+def _with_sections(tmp_path, environment: str = "", agent: str = "", verifier: str = ""):
+    root = tmp_path / "t"
+    shutil.copytree(EXAMPLES / "create-file", root, dirs_exist_ok=True)
+    import tomllib
+
+    data = tomllib.loads((root / "task.toml").read_text())
+    lines = []
+    for name, extra in (("environment", environment), ("agent", agent), ("verifier", verifier)):
+        section = data.get(name, {})
+        body = "\n".join(
+            f"{k} = {v!r}".replace("'", '"') for k, v in section.items() if not isinstance(v, dict)
+        )
+        lines.append(f"[{name}]\n{body}\n{extra}\n")
+    rest = {k: v for k, v in data.items() if k not in ("environment", "agent", "verifier")}
+    head = "\n".join(f'{k} = "{v}"' for k, v in rest.items() if isinstance(v, str))
+    (root / "task.toml").write_text(head + "\n" + "\n".join(lines))
+    return load_task(root)
+
+
+def test_task_keys_map_to_policies(tmp_path):
+    plain = load_task(EXAMPLES / "create-file")
+    assert network_policy(plain, "agent") == NetworkPolicy("no-network")
+    t = _with_sections(tmp_path / "a", environment='network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]')
+    assert network_policy(t, "agent") == NetworkPolicy("allowlist", ("pypi.org",))
+    assert network_policy(t, "verifier") == NetworkPolicy("allowlist", ("pypi.org",))
+    t = _with_sections(
+        tmp_path / "b", environment="allow_internet = true", verifier='network_mode = "no-network"'
+    )
+    assert network_policy(t, "agent").mode == "public"
+    assert network_policy(t, "verifier").mode == "no-network"
+    t = _with_sections(tmp_path / "c", environment="allow_internet = false")
+    assert network_policy(t, "agent").mode == "no-network"
+    t = _with_sections(tmp_path / "d", agent='network_mode = "allowlist"\nallowed_hosts = ["127.0.0.2"]')
+    assert network_policy(t, "agent") == NetworkPolicy("allowlist", ("127.0.0.2",))
+    assert network_policy(t, "verifier") == NetworkPolicy("no-network")

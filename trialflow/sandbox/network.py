@@ -1,0 +1,121 @@
+"""A task's network mode (Harbor's `network_mode` / `allowed_hosts` / `allow_internet`) and
+the egress decision it implies (pure).
+
+Modes, per phase (agent, verifier):
+- ``no-network`` (the default here, for training: Harbor's own default is ``public``): the
+  sandbox's namespace has only loopback; it reaches its proxy session and nothing else.
+- ``allowlist``: the same, plus an HTTP proxy served inside the sandbox
+  (`trialflow.sandbox.egress`; HTTP_PROXY/HTTPS_PROXY point at it) that tunnels (CONNECT)
+  or forwards (absolute-form GET) to the listed hosts only. Entries as Harbor's:
+  hostnames, ``*.suffix`` wildcards, IP addresses, CIDR ranges; no ports (every port of an
+  allowed host is allowed, so listing a loopback address exposes all of its ports).
+- ``public``: explicit opt-in, logged and recorded in the trial result. The same proxy, to
+  any host whose every address is globally routable: loopback, private, link-local and
+  other special ranges stay unreachable, so the worker's services (proxy management,
+  Temporal, S3, vLLM) are never exposed. Clients that ignore HTTP(S)_PROXY get no network.
+
+Where the task says nothing: ``no-network``. ``allow_internet = true`` (legacy) means
+``public``, false ``no-network``. ``[agent]`` / ``[verifier]`` ``network_mode`` override the
+environment's for their phase. `trialflow.task_config` parses and validates the keys as
+Harbor does; this module decides and enforces.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from trialflow.tasks import Task
+
+NetworkMode = Literal["no-network", "allowlist", "public"]
+MODES: tuple[NetworkMode, ...] = ("no-network", "allowlist", "public")
+Phase = Literal["agent", "verifier"]
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class NetworkPolicyError(ValueError):
+    """A task's network keys are malformed (names the key)."""
+
+
+def _entry(raw: str) -> str:
+    host = raw.strip().lower().rstrip(".")
+    if not host or "://" in host or "@" in host or (host.count(":") == 1 and "/" not in host):
+        raise NetworkPolicyError(
+            f"allowed_hosts entry {raw!r}: a hostname, IP or CIDR, without scheme or port"
+        )
+    if "/" in host:
+        try:
+            return str(ipaddress.ip_network(host, strict=True))
+        except ValueError as exc:
+            raise NetworkPolicyError(f"allowed_hosts entry {raw!r}: {exc}") from None
+    if "*" in host and not (host.startswith("*.") and "*" not in host[2:] and len(host) > 2):
+        raise NetworkPolicyError(f"allowed_hosts entry {raw!r}: wildcards only as a leading '*.'")
+    return host
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    mode: NetworkMode = "no-network"
+    allowed_hosts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise NetworkPolicyError(f"network_mode {self.mode!r}: one of {', '.join(MODES)}")
+        if self.allowed_hosts and self.mode != "allowlist":
+            raise NetworkPolicyError("allowed_hosts is only valid with network_mode = 'allowlist'")
+        object.__setattr__(self, "allowed_hosts", tuple(_entry(h) for h in self.allowed_hosts))
+
+    @property
+    def egress(self) -> bool:
+        """True when the sandbox gets the egress proxy."""
+        return self.mode != "no-network"
+
+    def allows(self, host: str, addresses: Sequence[Address]) -> bool:
+        """May a connection to `host` (as the client named it), resolved to `addresses`,
+        go out? Every address must pass, so a name cannot smuggle in a second address."""
+        if self.mode == "no-network" or not addresses:
+            return False
+        if self.mode == "public":
+            return all(a.is_global for a in addresses)
+        name = host.strip().lower().rstrip(".").strip("[]")
+        return self._name_allowed(name) or all(self._address_allowed(a) for a in addresses)
+
+    def _name_allowed(self, name: str) -> bool:
+        for entry in self.allowed_hosts:
+            if entry.startswith("*.") and name.endswith(entry[1:]):
+                return True
+            if entry == name:
+                return True
+        return False
+
+    def _address_allowed(self, address: Address) -> bool:
+        for entry in self.allowed_hosts:
+            try:
+                if address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                continue  # a hostname entry
+        return False
+
+
+def network_policy(task: Task, phase: Phase) -> NetworkPolicy:
+    """The policy of `phase` for `task` (module docstring): the phase's own override
+    (`[agent]` / `[verifier]` `network_mode`), else the environment's when the task states
+    one (`network_mode`, or the legacy `allow_internet` the loader turns into it), else
+    no-network. Harbor's keys are parsed and validated by `trialflow.task_config`."""
+    config = task.config
+    override = config.agent if phase == "agent" else config.verifier
+    env = config.environment
+    if override.network_mode is not None:
+        src: Any = override
+    elif "network_mode" in env.model_fields_set:
+        src = env
+    else:
+        return NetworkPolicy()
+    try:
+        return NetworkPolicy(str(src.network_mode), tuple(src.allowed_hosts or ()))  # type: ignore[arg-type]
+    except NetworkPolicyError as exc:
+        raise NetworkPolicyError(f"[{phase if src is override else 'environment'}] {exc}") from None
