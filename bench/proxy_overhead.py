@@ -46,7 +46,8 @@ this is steadier than wall-clock latency, which includes waiting for a core).
         [--profile-proxy FILE] [--family tiny|qwen25|qwen3|qwen3_coder|glm45|deepseek_v31|gpt_oss|llama31]
 
 ``--family`` serves a trialflow.families fixture (its tokenizer, chat template and end tokens)
-instead of the tiny model's; the replies stay plain text ending with the tokenizer's eos.
+instead of the tiny model's; the replies stay plain text ending with the tokenizer's eos (for
+gpt-oss on harmony's final channel). gpt-oss needs ``TIKTOKEN_ENCODINGS_BASE`` (.cache/tiktoken).
 """
 
 from __future__ import annotations
@@ -168,6 +169,8 @@ async def serve_backend(delay_s: float, reply_tokens: int, kind: str, family: st
 
     tok = bench_tokenizer(family)
     text = sized_text(tok, reply_tokens, salt=3)
+    if family == "gpt_oss":  # a harmony model answers on the final channel (the parser strips it)
+        text = "<|channel|>final<|message|>" + text
     if kind == "fixed":
         url = await start_fixed_backend(tok, text, delay_s)
     else:
