@@ -11,7 +11,10 @@ Checks: the trial completes as attempt 2 with reward 1; turns 1..k-1 are replaye
 double answers none of them), k..N generated; the final trajectory equals token for token
 an uninterrupted run's. A tool whose output changes at turn j in the second attempt (the
 ``DRIFT`` file, read by the scaffold) makes the session go live from the request carrying
-it, and the trajectory equals an uninterrupted run with that output.
+it, and the trajectory equals an uninterrupted run with that output. The real Claude Code
+CLI (the ``claude-code`` scaffold, in the sandbox) killed at main turn K resumes the same way.
+``replay --from-record`` of a finished trial reproduces it with the double stopped, and
+reports the first divergent request once a task file changes.
 """
 
 from __future__ import annotations
@@ -113,7 +116,12 @@ class Model:
             f"printf 'Hello, trialflow!\\\\n' > /app/hello.txt; echo {h} >> /tmp/steps; "
             "cat /app/data/seed.txt 2>/dev/null; wc -l < /tmp/steps"
         )
-        text = f'<tool_call>\n{{"name": "shell", "arguments": {{"command": "{command}"}}}}\n</tool_call>'
+        return self._reply(
+            f'<tool_call>\n{{"name": "shell", "arguments": {{"command": "{command}"}}}}\n</tool_call>'
+        )
+
+    def _reply(self, text: str) -> Reply:
+        """``text``, or a hanging reply when the armed countdown reaches this request."""
         delay = 0.0
         if self.countdown is not None:
             self.countdown -= 1
@@ -122,6 +130,28 @@ class Model:
                 self.reached.set()
                 delay = 15.0  # the worker dies meanwhile; the double then drops it, uncounted
         return Reply(text, delay_s=delay)
+
+
+class ClaudeModel(Model):
+    """The model for the real Claude Code CLI: on its main loop (prompts carrying its Bash tool)
+    N - 1 Bash calls, then a final text; its side calls (title, quota) get a short text and do
+    not count towards the armed countdown. ``main_calls`` counts main-loop requests."""
+
+    main_calls = 0
+
+    def __call__(self, prompt: str) -> Reply:
+        if '"name": "Bash"' not in prompt:
+            return Reply("Greeting")
+        self.main_calls += 1
+        done = prompt.count("<|im_start|>user\n<tool_response>")
+        if done >= N - 1:
+            return self._reply("The file is written.")
+        command = (
+            f"printf 'Hello, trialflow!\\\\n' > /app/hello.txt; echo step{done} >> /tmp/steps; "
+            "wc -l < /tmp/steps"
+        )
+        args = f'{{"command": "{command}", "description": "step {done}"}}'
+        return self._reply(f'<tool_call>\n{{"name": "Bash", "arguments": {args}}}\n</tool_call>')
 
 
 @pytest.fixture
@@ -134,7 +164,7 @@ async def rig(temporal_address, s3_endpoint, docker_client, tiny_model_dir, tmp_
     ensure_base_image(docker_client)
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     model = Model()
-    dbl = await ScriptedVLLM(tok, default=model, max_model_len=32768).start()
+    dbl = await ScriptedVLLM(tok, default=model, max_model_len=400_000).start()
     suffix = uuid.uuid4().hex[:8]
     fields = {
         "temporal_address": temporal_address,
@@ -165,9 +195,9 @@ async def rig(temporal_address, s3_endpoint, docker_client, tiny_model_dir, tmp_
         workers.append(proc)
         return proc
 
-    async def run(batch_id: str, task: Path = TASK):
+    async def run(batch_id: str, task: Path = TASK, scaffold: str = SCAFFOLD):
         spec = batch.make_specs(
-            batch_id, [task], SCAFFOLD, heartbeat_timeout_s=6, host_schedule_timeout_s=10
+            batch_id, [task], scaffold, heartbeat_timeout_s=6, host_schedule_timeout_s=10
         )[0]
         [handle] = await batch.submit(client, [spec], task_queue=settings.task_queue)
         return spec, handle
@@ -196,11 +226,13 @@ def _final(rig, result) -> Trajectory:
     return Trajectory.from_bytes(rig.store.get_bytes(result.trajectory_uris[-1]))
 
 
-async def _crash_at_k(rig, worker: subprocess.Popen, batch_id: str, drift_at: int | None = None):
+async def _crash_at_k(
+    rig, worker: subprocess.Popen, batch_id: str, drift_at: int | None = None, scaffold: str = SCAFFOLD
+):
     """Submit a trial, SIGKILL `worker` while turn K is generated, optionally inject the drift,
     start another worker; return (spec, result, generations the double answered after the kill)."""
     rig.model.arm(K)
-    spec, handle = await rig.run(batch_id)
+    spec, handle = await rig.run(batch_id, scaffold=scaffold)
     await asyncio.wait_for(rig.model.reached.wait(), timeout=180)
     keys1 = TrialKeys(spec.batch_id, spec.trial_id, 1)
     deadline = time.monotonic() + 30  # turn K-1's checkpoint is written before turn K starts
@@ -293,3 +325,36 @@ async def test_replay_from_record_reproduces_without_a_replica_and_finds_a_chang
     assert f"replayed 1 of {N} recorded turns; diverged" in out
     assert "request 1 differs from recorded turn 1" in out
     assert "-alpha" in out and "+beta" in out
+
+
+CLAUDE = REPO / ".cache" / "scaffolds" / "node_modules" / ".bin" / "claude"
+
+
+@pytest.mark.scaffold_cli
+@pytest.mark.skipif(
+    not CLAUDE.exists() and os.environ.get("CI") != "true", reason="Claude Code not installed"
+)
+async def test_claude_code_sigkill_at_turn_k_resumes_by_replay(rig):
+    """The real Claude Code CLI in the sandbox: killed at main turn K of N, resumed by replay."""
+    rig.model = rig.dbl.default = model = ClaudeModel()
+    first = rig.start("first")
+    spec_a, handle_a = await rig.run("cc-reference", scaffold="claude-code")
+    ref = await _finish(handle_a, spec_a)
+    assert (ref.error, ref.attempts, ref.reward) == (None, 1, 1.0), (ref, _final(rig, ref).turns)
+    ref_traj = _final(rig, ref)
+    ref_main = [t for t in ref_traj.turns if ref_traj.segments[t.segment].kind == "main"]
+    assert len(ref_main) == N and model.main_calls == N
+
+    model.main_calls = 0
+    spec, result, _answered, _ = await _crash_at_k(rig, first, "cc-crashed", scaffold="claude-code")
+    calls_before_kill = K  # turns 1..K-1 answered, turn K hung
+    assert result.error is None, result.error
+    assert (result.attempts, result.reward) == (2, 1.0)
+    final = _final(rig, result)
+    main = [t for t in final.turns if final.segments[t.segment].kind == "main"]
+    assert [t.source for t in main] == ["replayed"] * (K - 1) + ["generated"] * (N - K + 1), final.metadata
+    # the double generated only main turns K..N in attempt 2: none for the replayed ones
+    assert model.main_calls - calls_before_kill == N - K + 1
+    assert result.replayed_turns >= K - 1
+    main_view = [v for v in token_view(final) if v[0] == "main"]
+    assert main_view == [v for v in token_view(ref_traj) if v[0] == "main"]
