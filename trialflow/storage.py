@@ -44,15 +44,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import unquote, urlparse
 
-from pydantic import BaseModel, ConfigDict
-
 from trialflow.errors import ObjectExists, ObjectNotFound, StorageError
+from workflows.shared import CHECKPOINTS_DIR, AttemptRecord  # the contract's types (re-exported here)
 
 if TYPE_CHECKING:
     from proxy.trajectory import Trajectory
     from trialflow.settings import TrialflowSettings
-
-CHECKPOINTS_DIR = "checkpoints"
 
 
 def validate_key(key: str) -> str:
@@ -385,44 +382,6 @@ def open_store(settings: TrialflowSettings) -> ResultStore:
             create_bucket=True,
         )
     return LocalStore(settings.store_dir)
-
-
-class AttemptRecord(BaseModel):
-    """Where one trial attempt's trajectory is. Built by the workflow from the URIs its
-    activities return; kept in `TrialResult.attempt_records`, one per attempt that got a
-    sandbox, oldest first.
-
-    - ``checkpoints_uri``: the prefix of its per-turn checkpoints (ends with ``/``).
-    - ``trajectory_uri``: its final trajectory; None while it runs, when it was lost, or
-      when its scaffold had no model session (oracle, nop).
-    - ``complete``: the scaffold phase reported back. False: the attempt was lost (its
-      worker died or its heartbeat stopped), and its checkpoints are all there is.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    attempt: int
-    checkpoints_uri: str
-    trajectory_uri: str | None = None
-    complete: bool = False
-
-    @classmethod
-    def begun(cls, attempt: int, attempt_uri: str) -> AttemptRecord:
-        """The record of an attempt whose sandbox is up (``attempt_uri``: the store URI of
-        `TrialKeys.root`, as the set-up activity returns it)."""
-        return cls(attempt=attempt, checkpoints_uri=f"{attempt_uri.rstrip('/')}/{CHECKPOINTS_DIR}/")
-
-    def finished(self, trajectory_uri: str | None) -> AttemptRecord:
-        """The same attempt once its scaffold phase reported (``trajectory_uri`` None: no session)."""
-        return self.model_copy(update={"trajectory_uri": trajectory_uri, "complete": True})
-
-    @property
-    def uri(self) -> str | None:
-        """The one URI that names its trajectory: the final one, else (a lost attempt) the
-        checkpoint prefix; None for a model-free attempt."""
-        if self.trajectory_uri is not None:
-            return self.trajectory_uri
-        return None if self.complete else self.checkpoints_uri
 
 
 TrajectorySource = Literal["final", "checkpoints", "none"]
