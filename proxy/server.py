@@ -10,7 +10,7 @@ the same operations in-process and sandboxes reach neither listener (docs/design
 "Sandbox network")::
 
     POST /sessions               {model?, sampling?: {...}, max_context_tokens?, replicas?: [url],
-                                  metadata?: {...}, reasoning_parser?, tool_parser?}
+                                  metadata?: {...}, reasoning_parser?, tool_parser?, id_seed?}
                                  -> {session_id, secret, anthropic_base_url, openai_base_url}
     GET  /sessions/{id}          -> live stats
     POST /sessions/{id}/close    -> trajectory npz bytes (``?format=json``: JSON summary)

@@ -2,6 +2,12 @@
 
 A turn: ``tracker.prepare`` (segment + prompt ids) -> clamp ``max_tokens`` to the context
 left -> ``pool.generate`` -> ``parse_output`` -> ``tracker.commit`` -> checkpoint.
+In replay mode (``SessionConfig.replay``, proxy.replay) a request whose prompt ids match the
+record's next turn of its thread skips the context check and the replica: the recorded
+generation is committed (``TurnRecord.source`` "replayed") and the recorded answer returned
+byte for byte. The first request that does not match ends the replay: it and every later one
+are generated, or refused with ``ReplayDiverged`` when ``replay_live`` is False.
+Response and tool-call ids derive from ``SessionConfig.id_seed`` and the turn (proxy.ids).
 
 Rules and edge cases:
 - Turns are serialised by one ``asyncio.Lock`` per session. A request that arrives while
