@@ -12,8 +12,9 @@ Outcomes vs failures:
 - typed infra errors  -> raised as ApplicationError (retryable or not per trialflow.errors);
   the workflow starts a new attempt for retryable ones. An agent that failed while no
   replica of its pool answers a health probe raises retryable `ReplicaUnavailable` (the
-  model was down, not the agent wrong); its trajectory and logs are stored first. A scaffold that needs a model on a
-  worker without one raises non-retryable `ModelNotConfigured`.
+  model was down, not the agent wrong); its trajectory and logs are stored first. A
+  scaffold that needs a model on a worker without one raises non-retryable
+  `ModelNotConfigured`. The spec's sampling settings were validated when it was made.
 Resume by replay: with `ScaffoldInput.replay_from` set, the session is seeded with that
 attempt's record (its final trajectory, else its checkpoints; `trialflow.storage.load_attempt`)
 and answers from it while the scaffold's requests match (proxy.replay); the output counts the
@@ -39,13 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from activities._support import heartbeat_interval, heartbeating, typed_errors
+from activities._support import application_error, heartbeat_interval, heartbeating, typed_errors
 from proxy.errors import InvalidRequest
 from proxy.replay import ReplayRecord
 from proxy.trajectory import Trajectory
+from trialflow.errors import InvalidSampling, ModelNotConfigured, ReplicaUnavailable
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import SandboxBackend
 from trialflow.sandbox.egress import Egresses
@@ -64,6 +65,7 @@ from workflows.shared import (
 if TYPE_CHECKING:  # the proxy stack is optional: model-free workers never load it
     from proxy.server import ProxyServer, SessionHandle
     from proxy.session import SessionStats
+    from proxy.tokenization import MainThreadRule
     from trialflow.sandbox.base import Sandbox
 
 log = logging.getLogger(__name__)
@@ -158,9 +160,8 @@ class ScaffoldActivities:
                 logs_uri = await self._store_logs(keys, outcome, Path(tmp))
         if replicas_down:
             # The agent failed because no model answered: infrastructure, not the agent.
-            raise ApplicationError(
-                f"no replica answered during {inp.trial_id} attempt {inp.attempt}",
-                type="ReplicaUnavailable",
+            raise application_error(
+                ReplicaUnavailable(f"no replica answered during {inp.trial_id} attempt {inp.attempt}")
             )
         for turn in trajectory.turns if trajectory else ():
             self._metrics.proxy_turn_seconds.observe(turn.latency_s)
@@ -236,29 +237,20 @@ class ScaffoldActivities:
         inp: ScaffoldInput,
         keys: TrialKeys,
         model: str | None,
-        main_thread: str,
+        main_thread: MainThreadRule,
         replay: ReplayRecord | None = None,
-    ):
+    ) -> SessionHandle:
         if self._proxy is None:
-            raise ApplicationError(
+            raise ModelNotConfigured(
                 f"scaffold {inp.scaffold} needs a model but this worker has no proxy "
-                "(configure replica URLs and a model dir)",
-                type="ModelNotConfigured",
-                non_retryable=True,
+                "(configure replica URLs and a model dir)"
             )
-        overrides: dict[str, Any] = {"sampling": inp.sampling} if inp.sampling else {}
-        if model:
-            overrides["model"] = model
-        try:
-            config = self._proxy.defaults.with_overrides(overrides)
-        except (TypeError, ValueError) as err:
-            raise ApplicationError(
-                f"bad session settings: {err}",
-                type="InvalidSampling",
-                non_retryable=True,
-            ) from err
+        # The spec's sampling was validated when it was made (workflows.shared.Sampling).
+        config = self._proxy.defaults
         config = replace(
             config,
+            model=model or config.model,
+            sampling=replace(config.sampling, **inp.sampling.overrides()),
             replicas=tuple(inp.replicas or config.replicas),
             checkpoint=StoreCheckpointSink(self._store, keys.checkpoints),
             metadata={"trial_id": inp.trial_id, "attempt": inp.attempt},
@@ -271,9 +263,7 @@ class ScaffoldActivities:
         try:
             return self._proxy.open_session(config)
         except InvalidRequest as err:  # bad sampling values or replica urls: no retry can fix them
-            raise ApplicationError(
-                f"bad session settings: {err.message}", type="InvalidSampling", non_retryable=True
-            ) from err
+            raise InvalidSampling(f"bad session settings: {err.message}") from err
 
     async def _store_logs(self, keys: TrialKeys, outcome: ScaffoldResult, log_dir: Path) -> str:
         uri = await asyncio.to_thread(self._store.put_bytes, keys.log("scaffold.log"), outcome.log.encode())

@@ -517,7 +517,6 @@ def models_response(names: list[str]) -> dict[str, Any]:
 _TYPE_NAMES = {
     "invalid_request": "invalid_request_error",
     "context_exhausted": "invalid_request_error",
-    "conflict": "invalid_request_error",  # the API has no conflict type; it uses this for other 4xx
     "not_found": "not_found_error",
     "request_too_large": "request_too_large",
 }

@@ -8,7 +8,6 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
     │   │   ├── ContextExhausted [400] prompt (+ max_tokens) does not fit the context window
     │   │   └── ReplayDiverged [400]   a record-only replay got a request its record cannot answer
     │   ├── NotFound [404]             unknown session, secret or route
-    │   ├── SessionBusy [409]          another request of the same session is in flight
     │   ├── RequestTimeout [408]       the body did not arrive within the server's read timeout
     │   └── PayloadTooLarge [413]      body over the server's size limit
     └── BackendError [5xx]             the replicas failed; the request itself was fine
@@ -17,7 +16,7 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
         └── GenerationAborted [503]    a generation was aborted and could not be resumed
 
 ``ProtocolError`` subclasses carry a neutral ``error_type`` (``invalid_request``,
-``not_found``, ``conflict``, ``request_too_large``, ``context_exhausted``) that the
+``not_found``, ``request_too_large``, ``context_exhausted``) that the
 protocol modules map to their own type names. ``BackendError`` is retryable from the
 client's point of view: both official SDKs retry 409 and 5xx/529 answers on their own.
 
@@ -28,7 +27,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-ErrorType = Literal["invalid_request", "not_found", "conflict", "request_too_large", "context_exhausted"]
+ErrorType = Literal["invalid_request", "not_found", "request_too_large", "context_exhausted"]
 
 
 class ProxyError(Exception):
@@ -88,12 +87,6 @@ class ReplayDiverged(InvalidRequest):
 class NotFound(ProtocolError):
     def __init__(self, message: str) -> None:
         super().__init__(404, message, "not_found")
-
-
-class SessionBusy(ProtocolError):
-    def __init__(self, session_id: str) -> None:
-        super().__init__(409, f"session {session_id} already has a request in flight", "conflict")
-        self.session_id = session_id
 
 
 class RequestTimeout(ProtocolError):

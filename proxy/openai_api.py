@@ -448,9 +448,7 @@ def _error(err: BaseException) -> tuple[int, str, str, str | None, str | None]:
         )
         return 400, message, "invalid_request_error", "messages", "context_length_exceeded"
     if isinstance(err, ProtocolError):
-        kind = {"not_found": "not_found_error", "conflict": "conflict_error"}.get(
-            err.error_type, "invalid_request_error"
-        )
+        kind = "not_found_error" if err.error_type == "not_found" else "invalid_request_error"
         code = None if err.error_type == "invalid_request" else err.error_type
         return err.status, err.message, kind, err.param, code
     if isinstance(err, BackendError):

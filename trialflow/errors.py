@@ -24,6 +24,11 @@
     ├── ScaffoldError
     │   ├── UnknownScaffold             also a KeyError; lists the registered names   (never retried)
     │   └── ScaffoldSetupFailed         the scaffold could not be prepared in the sandbox (retried)
+    ├── ModelError                      the model behind the proxy, as a trial sees it
+    │   ├── ModelNotConfigured          a scaffold needs a model; this worker has no proxy (never retried)
+    │   ├── InvalidSampling             the proxy refused the trial's session settings (never retried)
+    │   └── ReplicaUnavailable          the agent failed while no replica of its pool answered (retried:
+    │                                   a new attempt; the proxy's own 503 is proxy.errors.ReplicaUnavailable)
     └── StorageError                    the result store failed (network, 5xx)          (retried)
         ├── ObjectNotFound              key/URI does not exist                          (never retried)
         └── ObjectExists                a write-once key already holds other bytes      (never retried)
@@ -33,8 +38,9 @@ Exit codes of commands, agents and test scripts are data (`ExecResult`, `Scaffol
 `VerifierResult.error()` returns a `VerifierError` instance to classify the outcome
 without raising it, so a failure is never reported through two channels.
 
-Temporal integration (activities): convert with `ApplicationError(str(e), type=type(e).__name__,
-non_retryable=not e.retryable)`; `NON_RETRYABLE_TYPES` lists the names for a `RetryPolicy`.
+Temporal integration (activities): `activities._support.typed_errors` converts with
+`ApplicationError(str(e), type=type(e).__name__, non_retryable=not e.retryable)`, so the
+workflow sees the class name as the error type and the retry rule as `non_retryable`.
 """
 
 from __future__ import annotations
@@ -186,6 +192,31 @@ class ScaffoldSetupFailed(ScaffoldError):
     retryable = True
 
 
+class ModelError(TrialflowError):
+    """The model a scaffold needs is not there (configuration) or not answering."""
+
+
+class ModelNotConfigured(ModelError):
+    """A scaffold that needs a model ran on a worker without a proxy (no model dir or
+    replicas configured)."""
+
+    retryable = False
+
+
+class InvalidSampling(ModelError):
+    """The proxy refused the trial's session settings (e.g. a replica URL it cannot use;
+    sampling fields are checked earlier, when the spec is made)."""
+
+    retryable = False
+
+
+class ReplicaUnavailable(ModelError):
+    """The agent failed while no replica of its session's pool answered a health probe: the
+    model was down, not the agent wrong. A new attempt may find it back."""
+
+    retryable = True
+
+
 class StorageError(TrialflowError):
     """The result store failed (connection, server error)."""
 
@@ -202,17 +233,3 @@ class ObjectExists(StorageError):
     """A write-once key (`ResultStore.put_once`) already holds different bytes."""
 
     retryable = False
-
-
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out.append(sub)
-        out.extend(_all_subclasses(sub))
-    return out
-
-
-NON_RETRYABLE_TYPES: tuple[str, ...] = tuple(
-    sorted({c.__name__ for c in [TrialflowError, *_all_subclasses(TrialflowError)] if not c.retryable})
-)
-"""Names of every non-retryable error type, for `RetryPolicy(non_retryable_error_types=...)`."""

@@ -23,7 +23,7 @@ Identity and layout rules (pure functions, used by the workflow AND by clients):
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -88,6 +88,29 @@ def host_queue(hostname: str, worker_id: str) -> str:
     return f"trialflow-host-{safe_id_part(hostname)}-{safe_id_part(worker_id)}"
 
 
+class Sampling(BaseModel):
+    """A trial's sampling settings for every turn of its proxy session; a field left None
+    keeps the session default (`proxy.chat.SamplingParams`). Validated when the spec is
+    made, so a typo (unknown field) or a wrong type fails before anything is submitted or
+    built. `max_tokens` caps each turn beside the client's own cap (the smaller wins)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = None  # -1: off
+    stop: list[Annotated[str, Field(min_length=1)]] | None = None
+    seed: int | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields set, as `SamplingParams` keyword arguments (`stop` a tuple)."""
+        out = self.model_dump(exclude_none=True)
+        if "stop" in out:
+            out["stop"] = tuple(out["stop"])
+        return out
+
+
 class TrialSpec(BaseModel):
     """Everything one trial needs. The workflow input.
 
@@ -108,7 +131,7 @@ class TrialSpec(BaseModel):
     attempt_limit: int = 3
     agent_timeout_s: float | None = None
     model: str | None = None
-    sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: Sampling = Field(default_factory=Sampling)
     replicas: list[str] | None = None
     step: int | None = None  # RL step (verl); becomes the TrialStep search attribute
     replay_of: str | None = None  # original workflow id when this is a replay
@@ -288,7 +311,7 @@ class ScaffoldInput(BaseModel):
     agent_timeout_s: float
     scaffold_options: dict[str, Any] = Field(default_factory=dict)
     model: str | None = None
-    sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: Sampling = Field(default_factory=Sampling)
     replicas: list[str] | None = None
     # The trainer's global step served by the replicas: recorded as the policy-version range.
     policy_version: int | None = None

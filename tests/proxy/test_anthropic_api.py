@@ -29,7 +29,6 @@ from proxy.errors import (
     PayloadTooLarge,
     ProtocolError,
     ReplicaUnavailable,
-    SessionBusy,
 )
 from tests.proxy._strategies import json_values, mostly, short
 
@@ -505,7 +504,6 @@ def check_parse(body: Any) -> None:
         (InvalidRequest("bad field"), 400, "invalid_request_error", anthropic.BadRequestError),
         (ContextExhausted(5000, 4096), 400, "invalid_request_error", anthropic.BadRequestError),
         (NotFound("no such session"), 404, "not_found_error", anthropic.NotFoundError),
-        (SessionBusy("s1"), 409, "invalid_request_error", anthropic.ConflictError),
         (PayloadTooLarge(50, 10), 413, "request_too_large", anthropic.APIStatusError),
         (ReplicaUnavailable("all replicas down"), 529, "overloaded_error", anthropic.InternalServerError),
         (GenerationAborted("aborted twice"), 529, "overloaded_error", anthropic.InternalServerError),

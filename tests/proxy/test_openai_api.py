@@ -26,7 +26,6 @@ from proxy.errors import (
     NotFound,
     ProtocolError,
     ReplicaUnavailable,
-    SessionBusy,
 )
 from tests.proxy._strategies import json_values, mostly, short
 
@@ -480,7 +479,6 @@ def check_parse(body: Any) -> None:
     [
         (InvalidRequest("bad", param="messages[0]"), 400, "invalid_request_error", openai.BadRequestError),
         (NotFound("no such session"), 404, "not_found_error", openai.NotFoundError),
-        (SessionBusy("s1"), 409, "conflict_error", openai.ConflictError),
         (ReplicaUnavailable("all replicas down"), 503, "server_error", openai.InternalServerError),
         (BackendHTTPError(500, "oops"), 502, "server_error", openai.InternalServerError),
         (KeyError("bug"), 500, "server_error", openai.InternalServerError),

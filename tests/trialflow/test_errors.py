@@ -1,5 +1,6 @@
 import pytest
 
+from activities._support import application_error
 from trialflow import errors as E
 
 
@@ -19,6 +20,9 @@ from trialflow import errors as E
         (E.RewardMissing, False),
         (E.UnknownScaffold, False),
         (E.ScaffoldSetupFailed, True),
+        (E.ModelNotConfigured, False),
+        (E.InvalidSampling, False),
+        (E.ReplicaUnavailable, True),
         (E.StorageError, True),
         (E.ObjectNotFound, False),
         (E.ObjectExists, False),
@@ -26,12 +30,17 @@ from trialflow import errors as E
 )
 def test_retry_rule_per_type(cls, retryable):
     assert cls.retryable is retryable
-    assert (cls.__name__ in E.NON_RETRYABLE_TYPES) is (not retryable)
+    converted = application_error(cls.__new__(cls))
+    assert converted.type == cls.__name__ and converted.non_retryable is (not retryable)
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_all_subclasses(sub))]
 
 
 def test_every_error_is_drawn_in_the_tree():
     doc = E.__doc__
-    for cls in E._all_subclasses(E.TrialflowError):
+    for cls in _all_subclasses(E.TrialflowError):
         assert cls.__name__ in doc, cls
 
 

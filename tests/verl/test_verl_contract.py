@@ -154,7 +154,7 @@ async def test_build_spec_from_a_stamped_row(tokenizer, tiny_model_dir):
     spec = await loop.build_spec({"temperature": 0.7, "top_p": 0.9, "top_k": -1, "logprobs": True}, kwargs)
     assert spec.trial_id == "trial-exp-train-step7-hello-world-3"  # row 1, rollout 1 of 2
     assert spec.step == 7 and spec.replicas == ["http://10.0.0.1:8000"]
-    assert spec.sampling == {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 64}
+    assert spec.sampling.overrides() == {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 64}
     assert spec.model == str(tiny_model_dir) and spec.scaffold == "terminus"
     again = await loop.build_spec({}, {k: v[3] for k, v in nt.items()})
     assert again.trial_id == spec.trial_id  # a restarted trainer derives the same id

@@ -27,10 +27,13 @@ import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from trialflow.sandbox.base import Mount, Sandbox
 from trialflow.tasks import Task
+
+if TYPE_CHECKING:
+    from proxy.tokenization import MainThreadRule
 
 
 def _no_heartbeat(details: dict[str, Any]) -> None:
@@ -93,7 +96,7 @@ class Scaffold(abc.ABC):
     needs_model: bool = True
     # Which of the scaffold's calls define the proxy session's main thread (proxy.tokenization
     # rule 1): "first", or "first_with_tools" for CLIs that open with tool-less side calls.
-    main_thread: str = "first"
+    main_thread: MainThreadRule = "first"
     # Where the agent's model client runs. True (CLIs run in the sandbox): the session's base
     # URLs are a forwarder inside the sandbox (http://127.0.0.1:PORT), its only way out.
     # False (an agent loop on the worker host, e.g. terminus): the proxy's own URLs.

@@ -58,7 +58,7 @@ from trialflow.settings import TrialflowSettings, load_settings
 from trialflow.storage import ResultStore, open_store
 from trialflow.verl.convert import ConvertConfig, ConvertedTrial, convert_trial, extra_fields, loop_metrics
 from trialflow.verl.step_batch import StragglerPolicy, run_step
-from workflows.shared import TrialSpec
+from workflows.shared import Sampling, TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class LoopConfig(BaseModel):
     scaffold_options: dict[str, Any] = Field(default_factory=dict)  # the scaffold's constructor options
     model: str | None = None  # None: actor_rollout_ref.model.path (vLLM's default served name)
     replicas: Literal["verl", "worker"] | list[str] = "verl"  # "worker": the worker's own pool
-    sampling: dict[str, Any] = Field(default_factory=dict)  # added to verl's sampling params
+    sampling: Sampling = Field(default_factory=Sampling)  # over verl's sampling params
     attempt_limit: int = 3
     agent_timeout_s: float | None = None
     # how fast a lost host is noticed (None: TrialSpec's defaults, 30 s / 120 s)
@@ -301,7 +301,7 @@ class TemporalAgentLoop(AgentLoopBase):
         sampling = {
             k: _scalar(sampling_params[k]) for k in ("temperature", "top_p", "top_k") if k in sampling_params
         }
-        sampling.update(cfg.sampling)
+        sampling.update(cfg.sampling.model_dump(exclude_none=True))
         task_path = row.task_path
         return TrialSpec(
             batch_id=ident.batch_id(self._run_name(), row.split),
