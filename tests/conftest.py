@@ -67,8 +67,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
 
 
-# client / worker / no_leaked_sandboxes for suites that define a module `settings` fixture.
-pytest_plugins = ["tests._worker_fixtures"]
+# client / worker / no_leaked_sandboxes for suites that define a module `settings` fixture;
+# under CI=true a skip for a missing tool fails (tests/_ci_strict.py).
+pytest_plugins = ["tests._worker_fixtures", "tests._ci_strict"]
 
 
 @pytest.fixture(scope="session")
