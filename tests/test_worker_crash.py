@@ -190,6 +190,7 @@ async def test_sigkill_mid_scaffold_second_worker_finishes(
             f"crash-{suffix}",
             [TASK],
             "test-slow-chat",
+            check=False,  # only the worker processes register it (TRIALFLOW_EXTRA_SCAFFOLDS)
             heartbeat_timeout_s=6,
             host_schedule_timeout_s=10,
         )[0]
@@ -352,7 +353,7 @@ async def test_sigterm_drains_running_trials_before_exit(
     client = await batch.connect(temporal_address)
     worker = _start_worker(env, f"drain-{suffix}", tmp_path / "drain.log")
     try:
-        spec = batch.make_specs(f"drain-{suffix}", [TASK], "test-slow-solve")[0]
+        spec = batch.make_specs(f"drain-{suffix}", [TASK], "test-slow-solve", check=False)[0]
         [handle] = await batch.submit(client, [spec], task_queue=f"drain-{suffix}")
         deadline = time.monotonic() + 180
         while True:

@@ -142,6 +142,7 @@ def make_specs(
     scaffold: str,
     *,
     samples: int = 1,
+    check: bool = True,
     **spec_fields: Any,
 ) -> list[TrialSpec]:
     """`samples` trials per task (sample_index 0..samples-1), in task order.
@@ -152,9 +153,11 @@ def make_specs(
     (attempt_limit, agent_timeout_s, model, scaffold_options, ...). The scaffold is built
     once here with its `scaffold_options` (`check_scaffold`), so an unknown name, an
     unimportable import path or a bad option raises `UnknownScaffold` before anything is
-    submitted.
+    submitted. ``check=False`` leaves that check to the workers (a scaffold only they can
+    import): an unknown one then ends its trial as a recorded, non-retryable `UnknownScaffold`.
     """
-    check_scaffold(scaffold, spec_fields.get("scaffold_options"))
+    if check:
+        check_scaffold(scaffold, spec_fields.get("scaffold_options"))
     paths = [Path(p).resolve() for p in task_paths]
     specs = []
     for resolved, name in zip(paths, task_labels(paths), strict=True):

@@ -18,6 +18,7 @@ import boto3
 import pytest
 
 from trialflow import batch
+from trialflow.errors import UnknownScaffold
 from trialflow.sandbox.base import ExecResult
 from trialflow.scaffolds import (
     Scaffold,
@@ -151,7 +152,12 @@ async def test_crashing_scaffold_is_an_outcome_and_still_verified(
 async def test_unknown_scaffold_is_a_recorded_non_retryable_error(
     client, settings, worker, no_leaked_sandboxes
 ):
-    specs = batch.make_specs(f"unknown-{uuid.uuid4().hex[:6]}", [EXAMPLES / "create-file"], "no-such-agent")
+    with pytest.raises(UnknownScaffold):  # the client refuses it before submitting ...
+        batch.make_specs("unknown", [EXAMPLES / "create-file"], "no-such-agent")
+    # ... and a worker that cannot build it records the error (the client left it to the workers)
+    specs = batch.make_specs(
+        f"unknown-{uuid.uuid4().hex[:6]}", [EXAMPLES / "create-file"], "no-such-agent", check=False
+    )
     [r] = await _run(client, settings, specs)
     assert r.error is not None and r.error.type == "UnknownScaffold" and r.error.non_retryable
     assert "oracle" in r.error.message  # the message lists the registered names

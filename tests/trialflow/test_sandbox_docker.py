@@ -132,14 +132,14 @@ async def test_upload_download_roundtrip(tmp_path, sandbox_for):
         await sb.upload(tmp_path / "absent", "/x")
 
 
-async def test_limits_labels_and_host_network(docker_client, backend, sandbox_for):
+async def test_limits_labels_and_no_network(docker_client, backend, sandbox_for):
     task = load_task(fixture_task("limits"))
     sb = await sandbox_for(task, labels={"trialflow.attempt": "2"})
     attrs = docker_client.api.inspect_container(sb.id)
     hc = attrs["HostConfig"]
     assert hc["NanoCpus"] == 500_000_000
     assert hc["Memory"] == 300 * 1024 * 1024 and hc["MemorySwap"] == 300 * 1024 * 1024
-    assert hc["NetworkMode"] == "host" and hc["Init"] is True
+    assert hc["NetworkMode"] == "none" and hc["Init"] is True  # its own namespace, no route out (issue 9)
     labels = attrs["Config"]["Labels"]
     assert labels[LABEL_MANAGED] == "true" and labels[LABEL_TRIAL_ID] == "test-limits"
     assert abs(int(labels[LABEL_CREATED_AT]) - time.time()) < 120

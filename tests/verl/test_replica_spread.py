@@ -35,6 +35,7 @@ class ThreeTurns(Scaffold):
 
     name = "test-three-turns"
     needs_model = True
+    runs_in_sandbox = False  # its client runs in the worker process, on the host
 
     async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
         import aiohttp
