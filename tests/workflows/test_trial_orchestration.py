@@ -283,28 +283,74 @@ async def test_resubmitting_a_batch_attaches_instead_of_duplicating(client, harn
     assert len(runs) == 1 and runs[0].status == WorkflowExecutionStatus.COMPLETED
 
 
-async def test_replayer_accepts_a_recorded_history(client, harness):
-    """Determinism guard: a history recorded now must replay against the current code."""
+def _lost_host(fake: FakeTrial) -> dict:
+    fake.setup_queues = [DEAD_QUEUE]
+    return {"host_schedule_timeout_s": 4}
+
+
+def _non_retryable(fake: FakeTrial) -> dict:
+    fake.setup_error = ApplicationError("Dockerfile broke", type="ImageBuildFailed", non_retryable=True)
+    return {}
+
+
+def _agent_timeout(fake: FakeTrial) -> dict:
+    fake.scaffold_termination = "timeout"
+    return {}
+
+
+def _cancel(fake: FakeTrial) -> dict:
+    fake.scaffold_delay_s = 30
+    return {}
+
+
+# One recorded history per workflow path: file stem -> (set the fakes up, expected termination).
+PATHS = {
+    "success": (lambda fake: {}, "submitted"),
+    "two_attempts_lost_host": (_lost_host, "submitted"),
+    "non_retryable_setup_error": (_non_retryable, "setup_error"),
+    "cancelled": (_cancel, "cancelled"),
+    "agent_timeout": (_agent_timeout, "timeout"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATHS))
+async def test_each_path_records_a_history_that_replays(client, harness, name):
+    """Determinism guard for histories recorded now; ``TRIALFLOW_RECORD_HISTORY=1`` refreshes
+    the checked-in one of this path (only for an intended, versioned change: see
+    workflows/trial.py on ``workflow.patched``)."""
     fake, shared = harness
-    fake.setup_queues = [DEAD_QUEUE]  # record the richer, two-attempt history
-    spec = _spec(host_schedule_timeout_s=4)
-    await batch.run(client, [spec], task_queue=shared)
-    history = await client.get_workflow_handle(spec.trial_id).fetch_history()
+    arrange, termination = PATHS[name]
+    spec = _spec(**arrange(fake))
+    [handle] = await batch.submit(client, [spec], task_queue=shared)
+    if name == "cancelled":
+        for _ in range(100):
+            if any(c[0] == "scaffold" for c in fake.calls):
+                break
+            await asyncio.sleep(0.1)
+        await handle.cancel()
+    result = await batch.wait_one(handle, spec)
+    assert result.termination_reason == termination
+    history = await handle.fetch_history()
     replayed = await Replayer(
         workflows=[TrialWorkflow], data_converter=client.data_converter
     ).replay_workflow(history)
     assert replayed.replay_failure is None
-    if os.environ.get("TRIALFLOW_RECORD_HISTORY"):  # refresh the checked-in history on purpose
-        (HISTORIES / "two_attempts_lost_host.json").write_text(history.to_json())
+    if os.environ.get("TRIALFLOW_RECORD_HISTORY"):
+        (HISTORIES / f"{name}.json").write_text(history.to_json())
 
 
-def test_checked_in_histories_replay_against_current_code():
+def test_every_path_has_a_checked_in_history():
+    assert sorted(p.stem for p in HISTORIES.glob("*.json")) == sorted(PATHS)
+
+
+@pytest.mark.parametrize("path", sorted(HISTORIES.glob("*.json")), ids=lambda p: p.stem)
+def test_checked_in_history_replays_against_current_code(path):
     """Histories recorded by earlier versions of TrialWorkflow (tests/workflows/histories/) must
-    replay: a change that breaks one needs ``workflow.patched`` (see workflows/trial.py)."""
-    files = sorted(HISTORIES.glob("*.json"))
-    assert files, "no recorded histories checked in"
+    replay: a change to the command sequence that breaks one needs ``workflow.patched`` (see
+    workflows/trial.py). A history recorded by the same code in the same run could not catch
+    that; these were recorded once and checked in."""
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    assert len(history.events) > 10  # a whole trial, not a stub
     replayer = Replayer(workflows=[TrialWorkflow], data_converter=pydantic_data_converter)
-    for path in files:
-        history = WorkflowHistory.from_json(path.stem, path.read_text())
-        result = asyncio.run(replayer.replay_workflow(history, raise_on_replay_failure=False))
-        assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"
+    result = asyncio.run(replayer.replay_workflow(history, raise_on_replay_failure=False))
+    assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"
