@@ -143,7 +143,7 @@ class WorkerProcess:
         self.proxy = open_proxy(settings)
         if self.proxy is not None:
             await self.proxy.start()
-        egresses = Egresses()  # the sandboxes' egress proxies, shared by their activities
+        self.egresses = egresses = Egresses()  # the sandboxes' egress proxies, shared by their activities
         self.sandboxes = sandbox = SandboxActivities(self.backend, store.uri, queue, metrics, egresses)
         scaffold = ScaffoldActivities(
             self.proxy, self.backend, store, metrics, self.client, settings.model_name, egresses
