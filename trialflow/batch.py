@@ -286,6 +286,7 @@ class TrialStatus:
     termination: str | None
     reward_valid: bool | None  # None: not recorded (older trials, or still running)
     replay_of: str | None
+    rewards: dict[str, float] | None = None  # the verifier's components (from the memo)
 
 
 async def list_trials(client: Client, batch_id: str) -> list[TrialStatus]:
@@ -309,6 +310,7 @@ async def list_trials(client: Client, batch_id: str) -> list[TrialStatus]:
                     sa.get(SearchAttributeKey.for_keyword(SA_REWARD_VALID)) or ""
                 ),
                 replay_of=memo.get("replay_of") or None,
+                rewards=memo.get("rewards"),
             )
         )
     return sorted(out, key=lambda t: t.workflow_id)

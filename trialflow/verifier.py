@@ -4,7 +4,8 @@ Steps (Harbor semantics, plus what keeps the policy from touching its reward): s
 process in the sandbox but its keep-alive (`Sandbox.stop_processes`, from outside the
 sandbox: no daemon the agent left behind runs during verification), recreate an empty
 `/logs/verifier` (checked empty through the backend's file API, so a replaced `rm` cannot
-leave a planted reward), upload tests/ to `/tests`, run `bash /tests/test.sh` with
+leave a planted reward), upload tests/ to `/tests`, run `/tests/test.sh` directly (its
+shebang counts, as in Harbor) with
 `[verifier].env` as `[verifier].user` under `[verifier].timeout_sec`, then read
 `/logs/verifier/reward.json` (a JSON object of name -> number) or, when absent,
 `/logs/verifier/reward.txt` (one number, stored as `{"reward": x}`), both copied out through
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,9 +180,15 @@ async def run_verifier(
         before = Path(scratch) / "before"
         if not await _fetch_verifier_dir(sandbox, before) or any(before.iterdir()):
             return _invalid(f"{VERIFIER_LOG_DIR} could not be cleared before the verifier ran", prep)
-        await sandbox.upload(task.tests_dir, TESTS_DIR)
+        tests = Path(scratch) / "tests"
+        shutil.copytree(task.tests_dir, tests)  # links followed: the chmod stays in the copy
+        (tests / "test.sh").chmod((tests / "test.sh").stat().st_mode | 0o111)
+        await sandbox.upload(tests, TESTS_DIR)
+        # As Harbor: run directly, so its shebang counts (`#!/usr/bin/env python3` works); a
+        # script without one runs under the shell. Harbor chmods it in the sandbox; here the
+        # executable bit is set in the uploaded copy (no sandbox binary runs as root for it).
         run = await sandbox.exec(
-            f"bash {TESTS_DIR}/test.sh",
+            f"{TESTS_DIR}/test.sh",
             timeout_s=timeout,
             env={**(env or {}), **cfg.env} or None,
             user=cfg.user,

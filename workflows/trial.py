@@ -250,6 +250,8 @@ class TrialWorkflow:
             valid = "true" if result.reward_valid else "false"
             attributes.append(SearchAttributeKey.for_keyword(SA_REWARD_VALID).value_set(valid))
         workflow.upsert_search_attributes(attributes)
+        if workflow.patched("reward-components-memo"):  # `trialflow status` shows them
+            workflow.upsert_memo({"rewards": dict(result.rewards)})
         return result
 
     async def _attempt(

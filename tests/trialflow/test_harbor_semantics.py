@@ -179,3 +179,19 @@ async def test_artifacts_are_collected_as_harbor_does(tmp_path, sandbox_for):
         "a.log",
         "sub/s.log",
     ]
+
+
+async def test_test_sh_runs_by_its_shebang(tmp_path, sandbox_for):
+    """Harbor executes tests/test.sh directly: a python shebang works, executable bit or not."""
+    from trialflow.verifier import run_verifier
+
+    script = (
+        "#!/usr/bin/env python3\nfrom pathlib import Path\n"
+        "Path('/logs/verifier/reward.txt').write_text('0.75')\n"
+    )
+    root = _task(tmp_path / "py-test", "FROM trialflow-base:bookworm\n", files={"tests/test.sh": script})
+    (root / "tests/test.sh").chmod(0o644)
+    task = load_task(root)
+    result = await run_verifier(await sandbox_for(task), task)
+    assert result.reward_valid and result.rewards == {"reward": 0.75}, (result.reason, result.stderr)
+    assert (root / "tests/test.sh").stat().st_mode & 0o111 == 0  # the task's own file is untouched

@@ -199,6 +199,8 @@ async def test_search_attributes_set_at_start_and_upserted_at_end(client, harnes
         "COMPLETED",
     )
     assert (trial.reward, trial.termination) == (1.0, "submitted")
+    # Whether the reward is valid (an invalid one is not a 0) and its components, for `status`.
+    assert trial.reward_valid is True and trial.rewards == {"reward": 1.0}
     step = [wf async for wf in client.list_workflows(f'TrialStep = 7 AND TrialBatchId = "{spec.batch_id}"')]
     assert [wf.id for wf in step] == [spec.trial_id]
 

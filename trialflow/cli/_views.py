@@ -77,6 +77,8 @@ def status_table(trials: Sequence[TrialStatus], title: str) -> Table:
         reward = "" if t.reward is None else f"{t.reward:.3f}"
         if t.reward_valid is False:
             reward = "invalid"
+        elif t.rewards and (len(t.rewards) > 1 or "reward" not in t.rewards):
+            reward += " (" + ", ".join(f"{k}={v:g}" for k, v in t.rewards.items()) + ")"
         table.add_row(
             t.workflow_id,
             t.status,
