@@ -124,7 +124,7 @@ class DockerSandbox(Sandbox):
         # container with it. A first exec gives it a moment and proves the sandbox answers.
         try:
             ready = await self.exec(["true"], timeout_s=60)
-        except SandboxLost:
+        except (SandboxLost, docker.errors.APIError):  # exited meanwhile: 409 or 500 "is not running"
             ready = None
         state = await self._call(lambda: api.inspect_container(self._cid)["State"])
         if not state.get("Running"):
