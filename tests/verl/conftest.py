@@ -1,4 +1,5 @@
-"""verl test fixtures: a real local Ray instance (verl's load balancer is a Ray actor)."""
+"""verl test fixtures: a real local Ray instance (verl's load balancer and agent-loop
+workers are Ray actors; 2 CPUs: the balancer and one AgentLoopWorker)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,6 @@ import pytest
 @pytest.fixture(scope="session")
 def ray_local():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()

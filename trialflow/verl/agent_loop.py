@@ -160,7 +160,7 @@ def resolve_identity(kwargs: dict[str, Any], default_rollouts: int) -> SampleIde
             rollouts=max(default_rollouts, int(_scalar(kwargs["session_id"])) + 1),
         )
     raise TrialIdentityError(
-        "no step/rollout identity in the row: set actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+        "no step/rollout identity in the row: set +actor_rollout_ref.rollout.agent.agent_loop_manager_class="
         "trialflow.verl.agent_loop.TemporalAgentLoopManager (or use verl's v1 trainer)"
     )
 
