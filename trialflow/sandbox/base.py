@@ -22,7 +22,18 @@ Contracts every implementation keeps:
   Both preserve file modes. A missing remote path raises `SandboxPathNotFound`.
 - Every method is async; implementations over blocking clients run them in threads.
 
-A Kubernetes backend fits the same ABCs: create -> Pod spec (image from the same env-hash
+Guarantees every backend gives (docs/design.md, "Sandbox network and reward integrity"):
+- Network: a sandbox has no network of its own (no route, no address but loopback). Its only
+  endpoints are listeners the worker serves into it (`listen_loopback`): the proxy session's
+  protocol routes and, in the allowlist/public modes, the egress proxy. It reaches no worker
+  service (proxy management, Temporal, S3, vLLM, other sandboxes).
+- Processes: a pids limit, no privilege escalation (no-new-privileges, no raw sockets),
+  and `stop_processes` stops everything the agent started, enforced from outside.
+- Files: `download` reads through the backend, not through binaries inside the sandbox.
+
+A Kubernetes backend fits the same ABCs (isolation: a NetworkPolicy denying all egress and
+ingress, and a sidecar in the pod serving the session's routes on 127.0.0.1 over a Unix
+socket to the proxy; `stop_processes`: a shared process namespace and a kill from the sidecar): create -> Pod spec (image from the same env-hash
 tag in a registry, resources from the task, hostPath or CSI volumes for `mounts`, labels as
 pod labels), exec -> the pods/exec subresource, upload/download -> tar over exec, reap ->
 label selector + creationTimestamp. Nothing here assumes Docker.
