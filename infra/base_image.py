@@ -2,7 +2,9 @@
 
 Default: `trialflow-base:bookworm`. `--all`: also `trialflow-base:trixie` and the Harbor
 reference image (`trialflow-harbor-ref:0.25`, PyPI harbor in a trixie venv) that the
-harbor_ref tests use; `infra/setup.sh` runs `--all` so CI builds each once.
+harbor_ref tests use, and the OpenHands root (trixie + the OpenHands SDK venv, unpacked
+at `.cache/openhands/root` for the `openhands` scaffold); `infra/setup.sh` runs `--all` so CI
+builds each once.
 
 The builders live in `trialflow.sandbox.base_image` (the Docker backend uses them); this
 entry point adds what a fresh machine needs first: a running Docker engine.
@@ -22,6 +24,7 @@ from trialflow.sandbox.base_image import (
     SUITES,
     ensure_base_image,
     ensure_harbor_ref_image,
+    ensure_openhands_root,
     rootfs_tarball_path,
 )
 
@@ -42,6 +45,7 @@ def main() -> None:
         print(f"trialflow-base:{suite}", ensure_base_image(client, force=args.force, suite=suite))
     if args.all:
         print(HARBOR_REF_IMAGE, ensure_harbor_ref_image(client))
+        print("openhands root", ensure_openhands_root(client))
 
 
 if __name__ == "__main__":

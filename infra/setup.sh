@@ -60,8 +60,11 @@ if ! "$MINI/bin/python" -c "import minisweagent" 2>/dev/null; then
   python3 -m venv "$MINI"
   "$MINI/bin/pip" install -q "mini-swe-agent==2.4.6"
 fi
-# Local base images (bookworm, trixie with the host CA bundle) and the Harbor 0.25
-# reference image the harbor_ref tests use: built once per machine, cached by recipe.
+# Local base images (bookworm, trixie with the host CA bundle), the Harbor 0.25
+# reference image the harbor_ref tests use, and the OpenHands root (trixie + a venv of
+# openhands-sdk/openhands-tools, pip through the CA bundle baked into the trixie base;
+# unpacked at .cache/openhands/root for the openhands scaffold): built once per machine,
+# cached by recipe (the root is re-unpacked only when its image changed).
 echo "[setup] base images"
 .venv/bin/python -m infra.base_image --all >/dev/null
 echo "[setup] done"

@@ -364,3 +364,62 @@ def ensure_harbor_ref_image(client: docker.DockerClient) -> str:
     image_id = _build(client, HARBOR_REF_IMAGE, dockerfile, {}, recipe)
     log.info("built %s in %.1fs", HARBOR_REF_IMAGE, time.monotonic() - t0)
     return image_id
+
+
+OPENHANDS_IMAGE = "trialflow-openhands:1.58"
+OPENHANDS_REQUIREMENTS = ("openhands-sdk==1.58.2", "openhands-tools==1.58.2")
+
+
+def ensure_openhands_image(client: docker.DockerClient) -> str:
+    """trixie + a venv at /opt/openhands with the OpenHands SDK and its tools (PyPI; they
+    need Python >= 3.12, which bookworm lacks). The `openhands` scaffold runs its agent
+    loop in a container of this image (pip through the host's CA bundle baked into the base)."""
+    base_id = ensure_base_image(client, suite="trixie")
+    reqs = " ".join(f"'{r}'" for r in OPENHANDS_REQUIREMENTS)
+    dockerfile = (
+        "FROM trialflow-base:trixie\n"
+        "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
+        "apt-get install -y -qq python3-venv >/dev/null "
+        "&& rm -rf /var/lib/apt/lists/*\n"
+        f"RUN python3 -m venv /opt/openhands && /opt/openhands/bin/pip install -q {reqs}\n"
+    )
+    recipe = _digest(dockerfile, base_id)
+    if (img := _current(client, OPENHANDS_IMAGE, recipe)) is not None:
+        return img.id
+    t0 = time.monotonic()
+    image_id = _build(client, OPENHANDS_IMAGE, dockerfile, {}, recipe)
+    log.info("built %s in %.1fs", OPENHANDS_IMAGE, time.monotonic() - t0)
+    return image_id
+
+
+OPENHANDS_ROOT = REPO_ROOT / ".cache" / "openhands" / "root"
+
+
+def ensure_openhands_root(client: docker.DockerClient, dest: Path = OPENHANDS_ROOT) -> Path:
+    """The filesystem of `OPENHANDS_IMAGE` unpacked at `dest` (a host directory the
+    `openhands` scaffold mounts read-only into sandboxes of any distribution). Re-unpacked
+    only when the image changed (its id is recorded in `dest.with_suffix('.image')`);
+    unpacked beside `dest` and renamed, so a partial root never sits under that name."""
+    image_id = ensure_openhands_image(client)
+    marker = dest.with_suffix(".image")
+    if dest.is_dir() and marker.is_file() and marker.read_text() == image_id:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    container = client.containers.create(image_id, command=["true"], network_mode="none")
+    try:
+        with subprocess.Popen(["tar", "-x", "-C", str(partial)], stdin=subprocess.PIPE) as tar:
+            assert tar.stdin is not None
+            for chunk in container.export():
+                tar.stdin.write(chunk)
+            tar.stdin.close()
+            if tar.wait() != 0:
+                raise BaseImageError(f"unpacking {OPENHANDS_IMAGE} into {partial} failed")
+    finally:
+        container.remove(force=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(partial, dest)
+    marker.write_text(image_id)
+    return dest

@@ -29,6 +29,7 @@ _REGISTRY: dict[str, str] = {
     "opencode": "trialflow.scaffolds.opencode:OpenCodeScaffold",
     "codex": "trialflow.scaffolds.codex:CodexScaffold",
     "mini-swe-agent": "trialflow.scaffolds.mini_swe_agent:MiniSweAgentScaffold",
+    "openhands": "trialflow.scaffolds.openhands:OpenHandsScaffold",
     "terminus": "trialflow.scaffolds.terminus:TerminusScaffold",
 }
 

@@ -115,3 +115,44 @@ class TestMiniSweAgent(ScaffoldContract):
 
     def broken_options(self):
         return None  # its loop reaches the proxy itself: a closed session fails it
+
+
+@CLI
+class TestOpenHands(ScaffoldContract):
+    """The OpenHands SDK's agent (its terminal, file_editor and finish tools) in the sandbox,
+    from the host's trixie root through that root's own loader."""
+
+    scaffold_name = "openhands"
+    options = {"max_turns": 10}
+
+    def solving_script(self):
+        return [
+            Reply(
+                hermes_call(
+                    "file_editor",
+                    {"command": "create", "path": "/app/hello.txt", "file_text": "Hello, trialflow!\n"},
+                )
+            ),
+            Reply(hermes_call("terminal", {"command": "cat /app/hello.txt && python3 --version"})),
+            Reply(hermes_call("finish", {"message": "I created /app/hello.txt."})),
+        ]
+
+    def busy_reply(self):
+        return Reply(hermes_call("terminal", {"command": "true"}))
+
+    def broken_options(self):
+        return None  # a closed session fails its first model call
+
+    async def test_tools_run_with_the_sandboxs_own_programs(
+        self, sandbox_for, scripted_proxy, tiny_model_dir
+    ):
+        """The trixie root binds only OpenHands' interpreter: the terminal's bash and its
+        python3 are the (bookworm) sandbox's, and the file the file_editor wrote is there."""
+        from transformers import AutoTokenizer
+
+        run = await self.run_contract(sandbox_for, scripted_proxy, self.solving_script())
+        assert run.result.exit_code == 0, run.result.log
+        tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+        seen = tok.decode(run.vllm.main_requests[-1]["prompt"])
+        assert "Hello, trialflow!" in seen and "Python 3.11" in seen, seen[-3000:]
+        assert "Python 3.13" not in seen
