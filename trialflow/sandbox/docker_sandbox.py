@@ -260,7 +260,6 @@ class DockerSandbox(Sandbox):
         """See `trialflow.sandbox.processes`: freeze, SIGKILL all but the keep-alive by host
         pid, thaw, sweep again until the cgroup holds only the keep-alive."""
         pid = await self._init_pid()
-        api = self._backend.client.api
         try:
             procs = await self._backend._run(lambda: processes.cgroup_procs_file(pid))
             keep = await self._backend._run(lambda: processes.keep_alive_pids(pid))
@@ -270,11 +269,14 @@ class DockerSandbox(Sandbox):
         def sweep() -> int:
             return processes.kill_pids(processes.cgroup_pids(procs) - keep)
 
-        await self._call(lambda: api.pause(self._cid))
+        frozen = await self._backend._run(lambda: processes.freezer(pid))
+        if frozen is not None:
+            await self._backend._run(lambda: frozen[0].write_bytes(frozen[1]))
         try:
             killed = await self._backend._run(sweep)
         finally:
-            await self._call(lambda: api.unpause(self._cid))
+            if frozen is not None:
+                await self._backend._run(lambda: frozen[0].write_bytes(frozen[2]))
         for _ in range(100):
             left = await self._backend._run(lambda: processes.cgroup_pids(procs) - keep)
             if not left:

@@ -9,8 +9,8 @@ system with the engine, as root (a worker on the machine, or a privileged node a
 The keep-alive is the container's init (`docker-init`, the engine's `State.Pid`) and its
 first child (`sleep infinity`); every other process in the container's cgroup is the
 agent's, the scaffold's or a service the task started, and is killed with SIGKILL. The
-container is frozen (`docker pause`) while the victims are listed and signalled, so a fork
-bomb cannot outrun the sweep; a few sweeps after thawing confirm the cgroup is empty.
+cgroup is frozen (`freezer`) while the victims are listed and signalled, so a fork bomb
+cannot outrun the sweep; a few sweeps after thawing confirm the cgroup is empty.
 """
 
 from __future__ import annotations
@@ -37,6 +37,27 @@ def cgroup_procs_file(pid: int) -> Path:
     if "" in by_controller:
         return CGROUP_ROOT / by_controller[""].lstrip("/") / "cgroup.procs"
     raise OSError(f"no pids/memory/unified cgroup for pid {pid}: {lines}")
+
+
+def freezer(pid: int) -> tuple[Path, bytes, bytes] | None:
+    """(file, freeze value, thaw value) of `pid`'s cgroup freezer: v1's `freezer.state`
+    (FROZEN / THAWED) or v2's `cgroup.freeze` (1 / 0); None without one. Written directly,
+    not through `docker pause`: the engine updates its paused flag from an asynchronous event,
+    which can land after a quick unpause and leave the container marked paused."""
+    by_controller: dict[str, str] = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(",") if controllers else [""]:
+            by_controller[name] = path
+    if "freezer" in by_controller:
+        state = CGROUP_ROOT / "freezer" / by_controller["freezer"].lstrip("/") / "freezer.state"
+        if state.exists():
+            return state, b"FROZEN", b"THAWED"
+    if "" in by_controller:
+        freeze = CGROUP_ROOT / by_controller[""].lstrip("/") / "cgroup.freeze"
+        if freeze.exists():
+            return freeze, b"1", b"0"
+    return None
 
 
 def cgroup_pids(procs_file: Path) -> set[int]:
