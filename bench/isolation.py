@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -176,6 +177,7 @@ async def main() -> None:
     started = time.time()
     out = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
+        "loadavg_before": os.getloadavg(),
         "setup": await setup_times(args.trials),
         "latency_ms": await latency(args.requests),
     }
