@@ -7,6 +7,8 @@ Key layout (keys are relative to the store's own prefix; build them with `TrialK
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/trajectory.npz           final trajectory
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/checkpoints/{seq:06d}.npz per-turn deltas
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/logs/{name}              scaffold/verifier logs
+    proxies/{worker_id}.json                                                  a live worker's proxy
+                                                                              (trialflow.policy_sync)
 
 There is one result per trial (written by the last activity of the workflow), none per attempt.
 
@@ -61,6 +63,14 @@ def validate_key(key: str) -> str:
 def trial_result_key(batch_id: str, trial_id: str) -> str:
     """The whole trial's result: beside its attempts (`TrialKeys.root` is one level down)."""
     return f"batches/{batch_id}/trials/{trial_id}/result.json"
+
+
+PROXY_REGISTRY_PREFIX = "proxies/"
+
+
+def proxy_registry_key(worker_id: str) -> str:
+    """Where a worker lists its proxy's management endpoint (`trialflow.policy_sync`)."""
+    return validate_key(f"{PROXY_REGISTRY_PREFIX}{worker_id}.json")
 
 
 def checkpoint_key(prefix: str, seq: int) -> str:
@@ -119,6 +129,10 @@ class ResultStore(abc.ABC):
 
     @abc.abstractmethod
     def exists(self, uri_or_key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def delete(self, uri_or_key: str) -> None:
+        """Remove an object; a missing one is not an error."""
 
     @abc.abstractmethod
     def uri(self, key: str) -> str:
@@ -208,6 +222,13 @@ class LocalStore(ResultStore):
 
     def exists(self, uri_or_key: str) -> bool:
         return (self.root / self.key_of(uri_or_key)).is_file()
+
+    def delete(self, uri_or_key: str) -> None:
+        path = self.root / self.key_of(uri_or_key)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            raise StorageError(f"could not delete {path}: {e}") from e
 
 
 class S3Store(ResultStore):
@@ -340,6 +361,10 @@ class S3Store(ResultStore):
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return sorted(keys)
+
+    def delete(self, uri_or_key: str) -> None:
+        full = self._full(self.key_of(uri_or_key))
+        self._guard(lambda: self._client.delete_object(Bucket=self.bucket, Key=full), f"delete {full}")
 
     def exists(self, uri_or_key: str) -> bool:
         full = self._full(self.key_of(uri_or_key))

@@ -39,7 +39,9 @@ from activities.scaffold import ScaffoldActivities
 from activities.store import StoreActivities
 from activities.verify import VerifyActivities
 from trialflow.batch import connect
+from trialflow.errors import StorageError
 from trialflow.metrics import TrialMetrics
+from trialflow.policy_sync import ProxyEndpoint, register_proxy, unregister_proxy
 from trialflow.sandbox import DockerBackend
 from trialflow.sandbox.egress import Egresses
 from trialflow.scaffolds import register_scaffold
@@ -141,8 +143,16 @@ class WorkerProcess:
             docker.from_env(), labels={"trialflow.worker": queue}, policy=settings.sandbox_policy()
         )
         self.proxy = open_proxy(settings)
+        self._store, self._worker_id = store, worker_id
         if self.proxy is not None:
             await self.proxy.start()
+            if self.proxy.management_socket is None:  # trainers reach it over TCP for weight syncs
+                endpoint = ProxyEndpoint(
+                    worker_id=worker_id,
+                    management_url=self.proxy.management_url,
+                    token=self.proxy.management_token,
+                )
+                await asyncio.to_thread(register_proxy, store, endpoint)
         self.egresses = egresses = Egresses()  # the sandboxes' egress proxies, shared by their activities
         self.sandboxes = sandbox = SandboxActivities(self.backend, store.uri, queue, metrics, egresses)
         scaffold = ScaffoldActivities(
@@ -196,6 +206,10 @@ class WorkerProcess:
             await self._drain()
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.proxy is not None:
+                try:
+                    await asyncio.to_thread(unregister_proxy, self._store, self._worker_id)
+                except StorageError:  # a stale entry is skipped by every broadcast
+                    log.warning("could not remove this worker's proxy entry from the store")
                 await self.proxy.stop()
             self.backend.close()
 

@@ -200,3 +200,10 @@ def test_put_once_keeps_the_first_write(store):
     assert not exc.value.retryable
     assert store.get_bytes(uri) == b'{"reward": 0}'
     assert store.list_keys("a/") == ["a/result.json"]  # no temp file left behind
+
+
+def test_delete_removes_and_tolerates_missing(store):
+    store.put_bytes("proxies/w.json", b"{}")
+    store.delete("proxies/w.json")
+    store.delete("proxies/w.json")
+    assert not store.exists("proxies/w.json") and store.list_keys("proxies/") == []

@@ -19,6 +19,7 @@ from proxy.trajectory import Trajectory
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
 from tests.verl._support import loop_for, step_rows
 from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, register_scaffold
+from trialflow.policy_sync import registered_proxies
 from trialflow.settings import TrialflowSettings, load_settings
 from trialflow.storage import open_store
 
@@ -117,6 +118,9 @@ async def test_trials_spread_over_replicas_stick_and_avoid_a_down_one(
     loop.server_manager = server_manager
     store = open_store(settings)
     urls = [d.url for d in doubles]
+    # the worker listed its proxy for weight-sync broadcasts (trialflow.policy_sync)
+    [endpoint] = [e for e in registered_proxies(store)[0] if e.worker_id == settings.worker_id]
+    assert endpoint.management_url == worker.proxy.management_url
 
     rows = step_rows([(TASK, "test-three-turns")] * (TRIALS // 8), rollouts=8, step=1)
     outs = await asyncio.gather(*(loop.run(dict(SAMPLING), **row) for row in rows))
