@@ -89,7 +89,9 @@ class SandboxActivities:
                 except BaseException:
                     await sandbox.stop()
                     raise
-        self._live[sandbox.id] = activity.info().workflow_id
+        workflow_id = activity.info().workflow_id
+        assert workflow_id is not None  # always set for a workflow's activity
+        self._live[sandbox.id] = workflow_id
         self._metrics.trials_running.set(len(self._live))
         seconds = time.monotonic() - started
         self._metrics.phase_seconds.labels("setup").observe(seconds)

@@ -116,7 +116,7 @@ class ScaffoldActivities:
                 if scaffold.needs_model
                 else None
             )
-            urls = (None, None)
+            urls: tuple[str | None, str | None] = (None, None)
             if session is not None:
                 try:
                     urls = await self._session_urls(session, sandbox, scaffold.runs_in_sandbox)
@@ -267,7 +267,8 @@ class ScaffoldActivities:
 
     async def _store_logs(self, keys: TrialKeys, outcome: ScaffoldResult, log_dir: Path) -> str:
         uri = await asyncio.to_thread(self._store.put_bytes, keys.log("scaffold.log"), outcome.log.encode())
-        for path in sorted(p for p in log_dir.rglob("*") if p.is_file()):
+        files = await asyncio.to_thread(lambda: sorted(p for p in log_dir.rglob("*") if p.is_file()))
+        for path in files:
             name = f"scaffold/{path.relative_to(log_dir)}"
             await asyncio.to_thread(self._store.put_bytes, keys.log(name), path.read_bytes())
         return uri
@@ -283,6 +284,7 @@ class ScaffoldActivities:
             counters = beat.model_copy(update={"scaffold": {}})  # the scaffold's details are not signalled
             if self._client is not None and counters != last:
                 try:
+                    assert info.workflow_id is not None  # always set for a workflow's activity
                     handle = self._client.get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
                     await handle.signal(PROGRESS_SIGNAL, counters)
                     last = counters

@@ -94,7 +94,8 @@ class VerifyActivities:
             "verifier/stdout.txt": result.stdout.encode(),
             "verifier/stderr.txt": result.stderr.encode(),
         }
-        for path in sorted(p for p in log_dir.rglob("*") if p.is_file()):
+        files = await asyncio.to_thread(lambda: sorted(p for p in log_dir.rglob("*") if p.is_file()))
+        for path in files:
             objects[f"verifier/files/{path.relative_to(log_dir)}"] = path.read_bytes()
         for name, data in objects.items():
             await asyncio.to_thread(self._store.put_bytes, keys.log(name), data)

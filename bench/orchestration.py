@@ -98,7 +98,11 @@ async def direct_trial(backend, task, scaffold_name: str) -> tuple[float, dict[s
         await sandbox.stop()
     marks.append(time.perf_counter())
     phases = dict(
-        zip(("setup", "scaffold", "verify", "teardown"), (b - a for a, b in itertools.pairwise(marks)))
+        zip(
+            ("setup", "scaffold", "verify", "teardown"),
+            (b - a for a, b in itertools.pairwise(marks)),
+            strict=False,
+        )
     )
     return marks[-1] - marks[0], phases, result.reward
 

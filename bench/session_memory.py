@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from proxy_overhead import TOKENIZER_DIR, sized_text, spawn
+from proxy_overhead import TOKENIZER_DIR, sized_text, spawn  # noqa: E402 - after the sys.path line
 
 
 def rss_bytes() -> int:

@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from orchestration import temporal_worker
+from orchestration import temporal_worker  # noqa: E402 - after the sys.path line
 
 CGROUP = Path("/sys/fs/cgroup/memory/docker")
 

@@ -79,7 +79,9 @@ def run(turns: int, target_tokens: int, repeats: int, name: str = "tiny") -> dic
         request = ChatRequest(protocol="openai", messages=json.loads(json.dumps(messages)), tools=TOOLS)
         parsed, gen_ids = assistant_turn(tok, name, i, words)
 
-        def one_turn(tr: ConversationTracker) -> None:
+        def one_turn(
+            tr: ConversationTracker, request: ChatRequest = request, gen_ids=gen_ids, parsed=parsed
+        ) -> None:
             prepared = tr.prepare(request)
             gen = Generation(
                 prompt_token_ids=prepared.prompt_ids,

@@ -6,4 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/setup.sh
 .venv/bin/python -m infra.base_image
+# Static checks first (seconds): lint, formatting, types ([tool.ruff] / [tool.mypy] in pyproject.toml).
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"

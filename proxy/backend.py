@@ -28,7 +28,6 @@ This client makes no retries of its own; the retry policy lives in ``proxy.pool`
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
@@ -42,9 +41,9 @@ import aiohttp
 import numpy as np
 
 from proxy import jsonio
-from proxy.http1 import Http1Error, Http1Pool
 from proxy.chat import FinishReason, Generation, SamplingParams
 from proxy.errors import BackendError, BackendHTTPError, ReplicaUnavailable
+from proxy.http1 import Http1Error, Http1Pool
 from proxy.trajectory import IDS_CODE, same_ids
 
 
@@ -267,7 +266,7 @@ class VLLMClient:
                 ) as resp:
                     raw = await resp.read()
                     status = resp.status
-        except (Http1Error, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, Http1Error, aiohttp.ClientConnectionError) as exc:
             raise ReplicaUnavailable(f"{self.url}: {type(exc).__name__}: {exc}", replica=self.url) from exc
         if status >= 400:
             raise BackendHTTPError(status, _error_message(raw.decode(errors="replace")), replica=self.url)
@@ -295,7 +294,7 @@ class VLLMClient:
                 f"{self.url}/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
                 data = await resp.json() if resp.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             return None
         try:
             value = data["data"][0]["max_model_len"]  # type: ignore[index]
@@ -310,5 +309,5 @@ class VLLMClient:
                 f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
                 return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return False

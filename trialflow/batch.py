@@ -176,7 +176,7 @@ def make_specs(
 
 
 def search_attributes(spec: TrialSpec) -> TypedSearchAttributes:
-    pairs = [
+    pairs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(SearchAttributeKey.for_keyword(SA_BATCH), spec.batch_id),
         SearchAttributePair(SearchAttributeKey.for_keyword(SA_TASK), spec.task_name),
         SearchAttributePair(SearchAttributeKey.for_keyword(SA_SCAFFOLD), spec.scaffold),

@@ -242,7 +242,7 @@ class TrialWorkflow:
             retry_policy=STORE_RETRY,
         )
         result.result_uri = stored.result_uri
-        attributes = [
+        attributes: list[SearchAttributeUpdate[Any]] = [
             SearchAttributeKey.for_float(SA_REWARD).value_set(result.reward),
             SearchAttributeKey.for_keyword(SA_TERMINATION).value_set(result.termination_reason),
         ]

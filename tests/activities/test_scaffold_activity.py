@@ -9,7 +9,6 @@ reward 0). Each attempt's (empty) trajectory and scaffold log are still stored.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import time
 import uuid

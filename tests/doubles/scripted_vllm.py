@@ -31,7 +31,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -76,7 +76,7 @@ class Drop:
     """Close the connection without answering (the client sees a server disconnect)."""
 
 
-Action = Union[Reply, Abort, HTTPFailure, Drop]
+Action = Reply | Abort | HTTPFailure | Drop
 
 
 def _vllm_json(value: Any) -> str:

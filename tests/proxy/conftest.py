@@ -11,4 +11,3 @@ from tests.proxy._support import load_tokenizer
 def tok(tiny_model_dir):
     """The tiny model's tokenizer (its own BPE and chat template; see trialflow.tinymodel)."""
     return load_tokenizer(tiny_model_dir)
-

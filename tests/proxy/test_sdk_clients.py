@@ -30,7 +30,7 @@ def _check_trajectory(srv, session_id, dbl, tok):
     assert seg.kind == "main" and traj.counters.turns == 2 and traj.counters.tool_calls == 1
     p1, p2 = (r["prompt"] for r in dbl.requests)
     assert seg.prompt_ids.tolist() == p1 and seg.full_ids[: len(p2)] == p2  # turn 2 extends turn 1
-    generated = [t for t, m in zip(seg.response_ids, seg.response_mask) if m]
+    generated = [t for t, m in zip(seg.response_ids, seg.response_mask, strict=False) if m]
     eos = [tok.eos_token_id]
     expected = tok.encode(THINK_THEN_CALL, add_special_tokens=False) + eos
     expected += tok.encode("There are two files.", add_special_tokens=False) + eos

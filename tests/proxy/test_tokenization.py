@@ -120,7 +120,7 @@ def test_multi_turn_extension_is_token_exact(tok):
     ]
     prev_full: list[int] | None = None
     generated: list[list[int]] = []
-    for reply, more in zip(replies, followups):
+    for reply, more in zip(replies, followups, strict=False):
         prepared, gen, parsed = run_turn(tracker, model, msgs, reply)
         assert prepared.segment_index == 0
         if prev_full is not None:
@@ -133,9 +133,13 @@ def test_multi_turn_extension_is_token_exact(tok):
     (seg,) = tracker.trajectory.segments
     assert seg.full_ids == prev_full and seg.kind == "main" and not seg.rewritten
     # mask marks exactly the generated tokens, in order; logprobs only there
-    assert [t for t, m in zip(seg.response_ids, seg.response_mask) if m] == [t for g in generated for t in g]
+    assert [t for t, m in zip(seg.response_ids, seg.response_mask, strict=False) if m] == [
+        t for g in generated for t in g
+    ]
     assert seg.response_ids[: len(generated[0])].tolist() == generated[0]
-    assert all((lp != 0.0) == bool(m) for lp, m in zip(seg.response_logprobs, seg.response_mask))
+    assert all(
+        (lp != 0.0) == bool(m) for lp, m in zip(seg.response_logprobs, seg.response_mask, strict=False)
+    )
     # the whole record is the conversation as the template renders it
     assert tok.decode(seg.full_ids) + "\n" == render(tok, msgs)
     turns = tracker.trajectory.turns
@@ -451,7 +455,7 @@ def test_real_vllm_generations_extend_token_exactly(
         msgs = msgs + [assistant_message(parsed), {"role": "user", "content": f"next {turn}"}]
     (seg,) = tracker.trajectory.segments
     assert seg.full_ids == prev
-    lps = [lp for lp, m in zip(seg.response_logprobs, seg.response_mask) if m]
+    lps = [lp for lp, m in zip(seg.response_logprobs, seg.response_mask, strict=False) if m]
     assert len(lps) == sum(seg.response_mask) and all(lp <= 0.0 for lp in lps)
 
 

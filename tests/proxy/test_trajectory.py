@@ -59,7 +59,7 @@ def experts(n: int, value: int) -> np.ndarray:
 def same(a: Trajectory, b: Trajectory) -> None:
     assert (a.session_id, a.metadata, a.turns, a.counters) == (b.session_id, b.metadata, b.turns, b.counters)
     assert len(a.segments) == len(b.segments)
-    for x, y in zip(a.segments, b.segments):
+    for x, y in zip(a.segments, b.segments, strict=False):
         assert (
             x.kind,
             x.rewritten,

@@ -47,7 +47,7 @@ def _check_exact(srv, session_id, raw):
     traj = srv.session(session_id).trajectory
     assert traj.counters.turns == TURNS == len(raw)
     prev_full: list[int] | None = None
-    for rec, body in zip(traj.turns, raw):
+    for rec, body in zip(traj.turns, raw, strict=False):
         choice = body["choices"][0]
         seg = traj.segments[rec.segment]
         full = seg.full_ids
@@ -67,7 +67,7 @@ def _check_exact(srv, session_id, raw):
     (seg,) = traj.segments
     # Mask 1 on exactly the generated tokens, logprob 0.0 on every environment token.
     assert sum(seg.response_mask) == sum(r.completion_tokens for r in traj.turns)
-    assert all(lp == 0.0 for lp, m in zip(seg.response_logprobs, seg.response_mask) if m == 0)
+    assert all(lp == 0.0 for lp, m in zip(seg.response_logprobs, seg.response_mask, strict=False) if m == 0)
 
 
 async def test_openai_sdk_multi_turn_is_token_exact(proxy_and_raw):

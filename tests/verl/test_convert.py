@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.trajectory import Trajectory
-from trialflow.verl.convert import ConversionError, ConvertConfig, convert_trial, extra_fields, loop_metrics
 from tests.verl._support import LAYERS, TOP_K, Turn, add_segment, result, roundtrip
+from trialflow.verl.convert import ConversionError, ConvertConfig, convert_trial, extra_fields, loop_metrics
 
 PROMPT = list(range(100, 110))
 

@@ -13,7 +13,6 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 from openai import AsyncOpenAI
 from temporalio.client import WorkflowExecutionStatus
@@ -146,7 +145,7 @@ async def test_agent_loop_step_oracle_and_scripted_chat(
         assert (ef["min_global_steps"], ef["max_global_steps"]) == (3, 3)
         assert o.prompt_ids + o.response_ids == seg.full_ids[: len(o.prompt_ids) + len(o.response_ids)]
         assert ef["overlong"] == (len(seg.response_ids) > R_LEN)
-        gen = [lp for lp, m in zip(o.response_logprobs, o.response_mask) if m]
+        gen = [lp for lp, m in zip(o.response_logprobs, o.response_mask, strict=False) if m]
         assert gen and all(lp <= 0.0 for lp in gen) and 0 in o.response_mask  # env tokens of turn 2
         assert o.metrics.generate_sequences > 0 and o.metrics.compute_score > 0
     data = await verl_batch(bare_worker(tokenizer, P_LEN, R_LEN), outs)

@@ -16,13 +16,14 @@ change task hashes: remove `trialflow-task:*` images then.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import docker
 import docker.errors
@@ -48,6 +49,12 @@ _STAGE = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*\S+\s+AS\s+(\S+)", re.IGNORECASE |
 BaseImageMaker = Callable[[docker.DockerClient], object]
 
 
+class BlockingRunner(Protocol):
+    """Runs a blocking call off the event loop and returns its result."""
+
+    def __call__(self, fn: Callable[[], T]) -> Awaitable[T]: ...
+
+
 def dockerfile_bases(text: str) -> list[str]:
     """Images named by the FROM lines of a Dockerfile, in order (flags like --platform skipped)."""
     return _FROM.findall(text)
@@ -66,7 +73,7 @@ class DockerImages:
     def __init__(
         self,
         client: docker.DockerClient,
-        run: Callable[[Callable[[], T]], Awaitable[T]],
+        run: BlockingRunner,
         base_images: Mapping[str, BaseImageMaker] | None = None,
     ) -> None:
         self.client = client
@@ -122,14 +129,14 @@ class DockerImages:
                 if base in self._ensured:
                     continue
                 if make is None:
-                    if not await self._run(lambda b=base: self.image_id(b)):
+                    if not await self._run(functools.partial(self.image_id, base)):
                         raise ImageUnavailable(
                             f"FROM {base}: the image is not present locally, images cannot be pulled "
                             "here, and trialflow has no stand-in for it (docs/harbor.md lists them)"
                         )
                     continue
                 try:  # cheap when present: the recipe label is compared
-                    await self._run(lambda m=make: m(self.client))
+                    await self._run(functools.partial(make, self.client))
                 except Exception as e:  # debootstrap/mirror trouble: worth another attempt
                     raise BaseImageUnavailable(f"could not make base image {base}: {e}") from e
                 self._ensured.add(base)

@@ -12,6 +12,7 @@ side and reported as timed out with empty output. Each stream keeps its last
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import socket
 import tarfile
@@ -152,7 +153,10 @@ class DockerSandbox(Sandbox):
             # coreutils `timeout` takes fractional seconds; KILL because TERM can be trapped.
             argv = ["timeout", "-s", "KILL", f"{max(timeout_s, 0.001):.3f}", *argv]
         t0 = time.monotonic()
-        blocking = lambda: self._exec_blocking(argv, env, user, workdir)
+
+        def blocking():
+            return self._exec_blocking(argv, env, user, workdir)
+
         try:
             if timeout_s is None:
                 code, out, err = await self._call(blocking)
@@ -198,7 +202,7 @@ class DockerSandbox(Sandbox):
 
     async def upload(self, local_path: str | Path, remote_dir: str) -> None:
         local = Path(local_path)
-        if not local.exists():
+        if not await asyncio.to_thread(local.exists):
             raise FileNotFoundError(f"upload source does not exist: {local}")
         mk = await self.exec(["mkdir", "-p", remote_dir], user="0")
         if not mk.ok:
@@ -281,7 +285,7 @@ class DockerSandbox(Sandbox):
             left = await self._backend._run(lambda: processes.cgroup_pids(procs) - keep)
             if not left:
                 return killed
-            killed += await self._backend._run(lambda victims=left: processes.kill_pids(victims))
+            killed += await self._backend._run(functools.partial(processes.kill_pids, left))
             await asyncio.sleep(0.02)
         raise SandboxLost(f"sandbox {self._name}: processes survived SIGKILL: {sorted(left)[:10]}")
 

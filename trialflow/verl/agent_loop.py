@@ -298,7 +298,7 @@ class TemporalAgentLoop(AgentLoopBase):
         rollouts = int(self.rollout_config.n)
         ident = resolve_identity(kwargs, rollouts)
         cfg = self.loop_config
-        sampling = {
+        sampling: dict[str, Any] = {
             k: _scalar(sampling_params[k]) for k in ("temperature", "top_p", "top_k") if k in sampling_params
         }
         sampling.update(cfg.sampling.model_dump(exclude_none=True))

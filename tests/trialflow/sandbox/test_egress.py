@@ -46,6 +46,7 @@ print("direct-allowed:", direct(*allowed.split(":")))
 
 async def _index(host: str) -> tuple[web.AppRunner, int]:
     app = web.Application()
+
     async def page(request: web.Request) -> web.Response:
         return web.Response(text=f"index on {host}")
 
