@@ -308,7 +308,9 @@ def _cancel(fake: FakeTrial) -> dict:
 # One recorded history per workflow path: file stem -> (set the fakes up, expected termination).
 PATHS = {
     "success": (lambda fake: {}, "submitted"),
-    "two_attempts_lost_host": (_lost_host, "submitted"),
+    "two_attempts_lost_host": (_lost_host, "submitted"),  # recorded before resume by replay
+    # the same path since workflow.patched("replay-lost-attempt"): attempt 2 replays attempt 1
+    "two_attempts_lost_host_replayed": (_lost_host, "submitted"),
     "non_retryable_setup_error": (_non_retryable, "setup_error"),
     "cancelled": (_cancel, "cancelled"),
     "agent_timeout": (_agent_timeout, "timeout"),
