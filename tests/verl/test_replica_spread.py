@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 from proxy.trajectory import Trajectory
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
 from tests.verl._support import loop_for, step_rows
-from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, register_scaffold
 from trialflow.policy_sync import registered_proxies
+from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, register_scaffold
 from trialflow.settings import TrialflowSettings, load_settings
 from trialflow.storage import open_store
 

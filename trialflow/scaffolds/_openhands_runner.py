@@ -101,7 +101,7 @@ def main(config: dict) -> int:
         )
         return 3
     status = conversation.state.execution_status
-    code, detail = errors[-1] if errors else (None, None)
+    code, detail = errors[-1] if errors else (None, None)  # type: ignore[assignment]
     _send({"op": "done", "status": status.value, "error_code": code, "error": detail})
     if status == ConversationExecutionStatus.FINISHED:
         return 0

@@ -67,7 +67,7 @@ class RunSummary:
 
 def summarize_events(stdout: str) -> RunSummary:
     parsed, bad = json_events(stdout)
-    done = next((e for e in reversed(parsed) if e.get("op") == "done"), {})
+    done: dict[str, Any] = next((e for e in reversed(parsed) if e.get("op") == "done"), {})
     actions = sum(1 for e in parsed if e.get("event") == "ActionEvent")
     return RunSummary(
         len(parsed), actions, done.get("status"), done.get("error_code"), done.get("error"), bad
