@@ -29,8 +29,8 @@ from proxy.parsers._output import (
     starts_inside_reasoning,
 )
 from proxy.parsers._pieces import Markup, OutputDecoder, Piece, strip_text_suffix, text_of
-from proxy.parsers._registry import Registry
 from proxy.parsers._tools import ExtractedCalls
+from proxy.registry import Registry
 
 __all__ = [
     "REASONING_PARSERS",

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from proxy.chat import ParsedOutput, ToolCall, ToolSpec
 from proxy.parsers._pieces import Markup, Piece, merged, split_markup
 from proxy.parsers._reasoning import ReasoningParser
-from proxy.parsers._registry import Registry
 from proxy.parsers._tools import ToolParser
+from proxy.registry import Registry
 
 REASONING_PARSERS: Registry[type[ReasoningParser]] = Registry(
     "reasoning parser",

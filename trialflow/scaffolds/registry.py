@@ -19,30 +19,32 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from proxy.registry import Registry
 from trialflow.errors import UnknownScaffold
 from trialflow.scaffolds.base import Scaffold
 
-_REGISTRY: dict[str, str] = {
-    "oracle": "trialflow.scaffolds.oracle:OracleScaffold",
-    "nop": "trialflow.scaffolds.nop:NopScaffold",
-    "claude-code": "trialflow.scaffolds.claude_code:ClaudeCodeScaffold",
-    "opencode": "trialflow.scaffolds.opencode:OpenCodeScaffold",
-    "codex": "trialflow.scaffolds.codex:CodexScaffold",
-    "mini-swe-agent": "trialflow.scaffolds.mini_swe_agent:MiniSweAgentScaffold",
-    "openhands": "trialflow.scaffolds.openhands:OpenHandsScaffold",
-    "terminus": "trialflow.scaffolds.terminus:TerminusScaffold",
-}
+_REGISTRY: Registry[type[Scaffold]] = Registry(
+    "scaffold",
+    {
+        "oracle": "trialflow.scaffolds.oracle:OracleScaffold",
+        "nop": "trialflow.scaffolds.nop:NopScaffold",
+        "claude-code": "trialflow.scaffolds.claude_code:ClaudeCodeScaffold",
+        "opencode": "trialflow.scaffolds.opencode:OpenCodeScaffold",
+        "codex": "trialflow.scaffolds.codex:CodexScaffold",
+        "mini-swe-agent": "trialflow.scaffolds.mini_swe_agent:MiniSweAgentScaffold",
+        "openhands": "trialflow.scaffolds.openhands:OpenHandsScaffold",
+        "terminus": "trialflow.scaffolds.terminus:TerminusScaffold",
+    },
+)
 
 
 def available_scaffolds() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def register_scaffold(name: str, target: str) -> None:
     """Register (or replace) `name` -> "module:Class"."""
-    if ":" not in target:
-        raise ValueError(f"scaffold target must look like 'module:Class', got {target!r}")
-    _REGISTRY[name] = target
+    _REGISTRY.register(name, target)
 
 
 def is_import_path(name: str) -> bool:
@@ -55,7 +57,7 @@ def is_import_path(name: str) -> bool:
 
 def scaffold_class(name: str) -> type[Scaffold]:
     if name in _REGISTRY:
-        return _load(_REGISTRY[name], registered=True)
+        return _checked(_REGISTRY.get(name), name, registered=True)
     if is_import_path(name):
         return _load(name, registered=False)
     raise UnknownScaffold(
@@ -69,9 +71,13 @@ def _load(target: str, *, registered: bool) -> type[Scaffold]:
     try:
         cls = getattr(importlib.import_module(module), cls_name)
     except (ImportError, AttributeError) as err:
-        if registered:  # a broken built-in or plugin: a bug, not a user's typo
-            raise
         raise UnknownScaffold(f"cannot load scaffold {target!r}: {type(err).__name__}: {err}") from None
+    return _checked(cls, target, registered=registered)
+
+
+def _checked(cls: Any, target: str, *, registered: bool) -> type[Scaffold]:
+    """`cls` if it is a Scaffold subclass. A registered name's broken import (a bug, not a
+    user's typo) propagates from the registry itself."""
     if not (isinstance(cls, type) and issubclass(cls, Scaffold)):
         if registered:
             raise TypeError(f"{target} is not a Scaffold subclass")

@@ -1,4 +1,5 @@
-"""A generic name -> implementation registry with lazy imports.
+"""A generic name -> implementation registry with lazy imports (the parsers' and the
+scaffolds' registries are both instances).
 
 Entries are ``"package.module:Attribute"`` strings, imported on first ``get``, so registering a
 parser (or scaffold) costs nothing until it is used. Unknown names raise ``KeyError`` listing
