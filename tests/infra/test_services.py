@@ -100,9 +100,10 @@ def test_temporal_reuse_keeps_the_running_server(tmp_path: Path) -> None:
 @pytest.mark.temporal
 def test_temporal_restarts_on_its_persisted_state(tmp_path: Path) -> None:
     # `--search-attribute` on an existing database must not fail the second start.
-    port = free_port()
-    start_temporal(tmp_path, port=port, headless=True).stop()
-    second = start_temporal(tmp_path, port=port, headless=True)
+    # A fresh port for the second start: what persists is the database, and reusing the first
+    # port raced other processes' ephemeral ports on a loaded machine ("bind: address already in use").
+    start_temporal(tmp_path, port=free_port(), headless=True).stop()
+    second = start_temporal(tmp_path, port=free_port(), headless=True)
     try:
         assert set(TRIAL_SEARCH_ATTRIBUTES) <= set(_custom_search_attributes(second.endpoint))
     finally:
