@@ -24,7 +24,12 @@ Outcomes are data (`VerifierResult`), never exceptions:
 - timeout -> `reward_valid=False`, reason "verifier timed out ..." (a reward written before the
   timeout is ignored: the run is incomplete);
 - no reward file, unparseable content, a non-object JSON, non-numeric / bool / NaN / inf values
-  or an empty object -> `reward_valid=False` with the reason;
+  (also an integer beyond float range), an empty object, a file over `REWARD_MAX_BYTES` or
+  JSON nested deeper than the decoder takes -> `reward_valid=False` with the reason;
+- reward.txt is read as Harbor 0.25 reads it: Python's `float()` of the whole text, so what
+  `float` takes counts (surrounding whitespace, `1e-3`, `+1`, and digit-group underscores:
+  `1_0` is 10.0 in Harbor as here); Harbor declares no reward range in task.toml, so none is
+  applied (a reward of 7 or -3 is the verifier's to give);
 - stdout/stderr are always kept. `VerifierResult.error()` classifies a failure as a typed
   `VerifierTimeout` / `RewardMissing` without raising.
 Only infrastructure failures (sandbox gone) raise, as `SandboxLost`.
@@ -47,6 +52,9 @@ TESTS_DIR = "/tests"
 VERIFIER_LOG_DIR = "/logs/verifier"
 REWARD_JSON = f"{VERIFIER_LOG_DIR}/reward.json"
 REWARD_TXT = f"{VERIFIER_LOG_DIR}/reward.txt"
+# A reward file is a number or a small object of numbers; anything larger is not a reward
+# (and is never read whole into memory).
+REWARD_MAX_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -87,17 +95,25 @@ def scalar_reward(rewards: dict[str, float]) -> float:
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"reward {name!r} is not a number: {value!r}")  # noqa: TRY004 (one error type for all bad content)
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # a JSON integer beyond float range (json keeps ints exact)
+        raise ValueError(f"reward {name!r} is not finite: an integer of {len(str(value))} digits") from None
     if not math.isfinite(out):
         raise ValueError(f"reward {name!r} is not finite: {value!r}")
     return out
 
 
 def parse_reward_json(text: str) -> dict[str, float]:
-    """Parse reward.json; raises ValueError naming the problem."""
+    """Parse reward.json; raises ValueError naming the problem (never another error)."""
+    _check_size("reward.json", text)
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as e:
+    except RecursionError:
+        raise ValueError(
+            "reward.json is nested too deeply to decode (a reward is an object of numbers)"
+        ) from None
+    except ValueError as e:  # JSONDecodeError, and ints past Python's digit limit
         raise ValueError(f"reward.json is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(  # noqa: TRY004 (one error type for all bad content)
@@ -109,13 +125,22 @@ def parse_reward_json(text: str) -> dict[str, float]:
 
 
 def parse_reward_txt(text: str) -> dict[str, float]:
-    """Parse reward.txt (one number, surrounding whitespace allowed); raises ValueError."""
+    """Parse reward.txt as Harbor does (`float()` of the text: surrounding whitespace and
+    underscores between digits allowed, module docstring); raises ValueError."""
+    _check_size("reward.txt", text)
     stripped = text.strip()
     try:
         value = float(stripped)
     except ValueError:
         raise ValueError(f"reward.txt does not hold one number: {stripped[:80]!r}") from None
     return {"reward": _number("reward", value)}
+
+
+def _check_size(name: str, text: str) -> None:
+    # as read by `_read_local` (invalid bytes replaced: such a file is no reward either way)
+    size = len(text.encode("utf-8"))
+    if size > REWARD_MAX_BYTES:
+        raise ValueError(f"{name} is over the {REWARD_MAX_BYTES}-byte limit of a reward file")
 
 
 def parse_rewards(json_text: str | None, txt_text: str | None) -> dict[str, float]:
@@ -129,10 +154,12 @@ def parse_rewards(json_text: str | None, txt_text: str | None) -> dict[str, floa
 
 def _read_local(path: Path) -> str | None:
     """Content of a downloaded reward file; None unless it is a regular file (a symlink is
-    refused: it could point anywhere on the host copy's side)."""
+    refused: it could point anywhere on the host copy's side). At most one byte more than
+    `REWARD_MAX_BYTES` is read: enough for the parsers to refuse a larger file."""
     if path.is_symlink() or not path.is_file():
         return None
-    return path.read_text(encoding="utf-8", errors="replace")
+    with path.open("rb") as f:
+        return f.read(REWARD_MAX_BYTES + 1).decode("utf-8", errors="replace")
 
 
 async def _fetch_verifier_dir(sandbox: Sandbox, dest: Path) -> bool:
