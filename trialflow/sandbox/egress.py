@@ -5,7 +5,9 @@ It understands the two requests proxy clients send (pip, curl, npm, apt with
 HTTP(S)_PROXY): ``CONNECT host:port`` (answered ``200`` then tunnelled byte for byte: TLS
 stays end to end) and an absolute-form request ``GET http://host[:port]/path`` (the head
 is sent on as is, then bytes are relayed both ways). Each target is checked against the
-phase's `NetworkPolicy` after resolving it on the worker (every address must pass);
+phase's `NetworkPolicy` after resolving it on the worker (every address must pass; a
+name, listed or not, only to global addresses that are not the worker's own), and the
+checked address is the one dialled (the name is never resolved twice: DNS rebinding);
 anything else is answered ``403`` (policy), ``400`` (not a proxy request) or ``502``
 (unreachable) and closed. Every decision is logged; `EgressProxy.log` keeps them for the
 trial's logs. The policy can change between phases (`set_policy`, e.g. the verifier's).
@@ -45,6 +47,19 @@ async def resolve(host: str, port: int) -> list[Address]:
         return [ipaddress.ip_address(name)]
     infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
+
+
+def own_address(address: Address) -> bool:
+    """Whether `address` is one of the worker's own (its interfaces, in the worker's network
+    namespace, where the egress proxy runs): the kernel lets a socket bind only to those.
+    A service bound to 0.0.0.0 answers on every one of them, global ones included."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
 
 
 def parse_target(method: str, target: str) -> tuple[str, int] | None:
@@ -138,7 +153,7 @@ class EgressProxy:
         except OSError as exc:
             self._decide(method, host, port, False, f"does not resolve: {exc}")
             return await self._answer(writer, "502 Bad Gateway")
-        if not self.policy.allows(host, addresses):
+        if not self.policy.allows(host, addresses, own_address):
             self._decide(method, host, port, False, f"not allowed ({', '.join(map(str, addresses))})")
             return await self._answer(writer, "403 Forbidden")
         try:

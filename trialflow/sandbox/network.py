@@ -9,6 +9,11 @@ Modes, per phase (agent, verifier):
   or forwards (absolute-form GET) to the listed hosts only. Entries as Harbor's:
   hostnames, ``*.suffix`` wildcards, IP addresses, CIDR ranges; no ports (every port of an
   allowed host is allowed, so listing a loopback address exposes all of its ports).
+  A listed *name* (or one under a ``*.`` entry) admits only what ``public`` would: every
+  address it resolves to on the worker must be global and not one of the worker's own, so
+  a name that resolves to loopback or a private range (``vm`` -> 127.0.0.1, a rebinding
+  DNS answer) reaches nothing. Only an address the task lists itself (IP or CIDR entry)
+  admits a non-global address.
 - ``public``: explicit opt-in, logged and recorded in the trial result. The same proxy, to
   any host whose every address is globally routable: loopback, private, link-local and
   other special ranges stay unreachable, so the worker's services (proxy management,
@@ -23,7 +28,7 @@ Harbor does; this module decides and enforces.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -73,15 +78,20 @@ class NetworkPolicy:
         """True when the sandbox gets the egress proxy."""
         return self.mode != "no-network"
 
-    def allows(self, host: str, addresses: Sequence[Address]) -> bool:
+    def allows(
+        self, host: str, addresses: Sequence[Address], own: Callable[[Address], bool] = lambda a: False
+    ) -> bool:
         """May a connection to `host` (as the client named it), resolved to `addresses`,
-        go out? Every address must pass, so a name cannot smuggle in a second address."""
+        go out? Every address must pass, so a name cannot smuggle in a second address.
+        `own(address)`: whether the address is one of the worker's own (the egress proxy
+        asks the host); such an address is refused unless the task lists it."""
         if self.mode == "no-network" or not addresses:
             return False
         if self.mode == "public":
-            return all(a.is_global for a in addresses)
+            return all(reachable(a) and not own(a) for a in addresses)
         name = host.strip().lower().rstrip(".").strip("[]")
-        return self._name_allowed(name) or all(self._address_allowed(a) for a in addresses)
+        named = self._name_allowed(name)
+        return all(self._address_allowed(a) or (named and reachable(a) and not own(a)) for a in addresses)
 
     def _name_allowed(self, name: str) -> bool:
         for entry in self.allowed_hosts:
@@ -99,6 +109,21 @@ class NetworkPolicy:
             except ValueError:
                 continue  # a hostname entry
         return False
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def reachable(address: Address) -> bool:
+    """Globally routable, also for an IPv4 address carried inside IPv6 (mapped, or NAT64's
+    well-known prefix): `::ffff:127.0.0.1` and `64:ff9b::a00:1` are not."""
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = address.ipv4_mapped or (
+            ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) if address in _NAT64 else None
+        )
+        if inner is not None and not inner.is_global:
+            return False
+    return address.is_global
 
 
 def network_policy(task: Task, phase: Phase) -> NetworkPolicy:

@@ -42,6 +42,21 @@ def test_allowlist_entries():
         NetworkPolicy("internet")  # type: ignore[arg-type]
 
 
+def test_a_listed_name_admits_only_global_addresses_not_the_workers_own():
+    policy = NetworkPolicy("allowlist", ("vm", "*.example.org", "127.0.0.2"))
+    for inner in ("127.0.0.1", "10.0.0.5", "169.254.169.254", "::1", "::ffff:127.0.0.1", "64:ff9b::a00:1"):
+        assert not policy.allows("vm", [A(inner)]), inner
+        assert not policy.allows("db.example.org", [A(inner)]), inner
+    assert policy.allows("vm", [A("151.101.0.223")])
+    # every address: one listed address does not carry an unlisted private one
+    assert not policy.allows("vm", [A("151.101.0.223"), A("10.0.0.5")])
+    assert policy.allows("127.0.0.2", [A("127.0.0.2")])  # listed by the task itself
+    worker = A("151.101.0.9")
+    assert not policy.allows("vm", [worker], own=lambda a: a == worker)
+    assert not NetworkPolicy("public").allows("x.org", [worker], own=lambda a: a == worker)
+    assert not NetworkPolicy("public").allows("x.org", [A("::ffff:10.0.0.1")])
+
+
 def _with_sections(tmp_path, environment: str = "", agent: str = "", verifier: str = ""):
     root = tmp_path / "t"
     shutil.copytree(EXAMPLES / "create-file", root, dirs_exist_ok=True)
