@@ -7,7 +7,10 @@ environment variables with prefix ``TRIALFLOW_`` (lists as JSON, e.g.
 Edge cases: `s3_endpoint` None selects the local directory store at `store_dir`;
 `replica_urls` empty means "no model": scaffolds that need the proxy fail their trial with
 an infra error, the oracle/nop scaffolds still run. `worker_id` None becomes the process id.
-`metrics_port` 0 disables the metrics endpoint.
+`metrics_port` 0 disables the metrics endpoint. `harmony_vocab_dir` (gpt-oss's harmony
+parser vocabulary, `o200k_base.tiktoken`): ``TRIALFLOW_HARMONY_VOCAB_DIR``, else harmony's own
+``TIKTOKEN_ENCODINGS_BASE``, else `DEFAULT_HARMONY_VOCAB_DIR` (where infra/setup.sh writes it);
+the proxy's entry points hand it to harmony (`proxy.parsers.use_vocabulary`).
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from trialflow.sandbox.policy import SandboxPolicy
+
+# Where `python -m infra.tiktoken_vocab` (run by infra/setup.sh) writes o200k_base.tiktoken.
+DEFAULT_HARMONY_VOCAB_DIR = Path(__file__).resolve().parents[1] / ".cache" / "tiktoken"
 
 
 class TrialflowSettings(BaseSettings):
@@ -47,6 +53,13 @@ class TrialflowSettings(BaseSettings):
     # Field overrides of the model profile the proxy detects from the template (proxy.profiles),
     # e.g. TRIALFLOW_MODEL_PROFILE='{"stop_tokens": ["<|im_end|>"]}'.
     model_profile: dict[str, Any] = Field(default_factory=dict)
+    # The harmony vocabulary directory (module docstring for its sources, strongest first).
+    harmony_vocab_dir: Path = Field(
+        default=DEFAULT_HARMONY_VOCAB_DIR,
+        validation_alias=AliasChoices(
+            "harmony_vocab_dir", "TRIALFLOW_HARMONY_VOCAB_DIR", "TIKTOKEN_ENCODINGS_BASE"
+        ),
+    )
 
     proxy_host: str = "127.0.0.1"
     proxy_port: int = 0  # 0: any free port (the worker's in-process proxy)

@@ -61,11 +61,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
-    """The in-process proxy; None without a model dir (model-free scaffolds only)."""
+    """The in-process proxy; None without a model dir (model-free scaffolds only). Harmony
+    (gpt-oss) reads its vocabulary from `settings.harmony_vocab_dir`."""
     if settings.model_dir is None:
         return None
+    from proxy.parsers import use_vocabulary
     from proxy.server import ProxyServer
     from proxy.session import SessionConfig
+
+    use_vocabulary(settings.harmony_vocab_dir)  # before the server makes its parsers
 
     return ProxyServer(
         model_dir=settings.model_dir,

@@ -14,12 +14,13 @@ Public API:
                                   "llama3_json", "qwen3_coder"
     Registry                      generic lazy-import registry (KeyError lists available names)
     ExtractedCalls, Markup, Piece, HarmonyUnavailable
+    use_vocabulary(directory)     where harmony reads its o200k_base vocabulary (entry points call it)
 
 See ``_pieces`` for why parsers see markup tokens apart from text, and each format's module
 (``_reasoning``, ``_tools``, ``_deepseek``, ``_llama``, ``_harmony``) for its exact rules.
 """
 
-from proxy.parsers._harmony import HarmonyUnavailable
+from proxy.parsers._harmony import HarmonyUnavailable, use_vocabulary
 from proxy.parsers._output import (
     REASONING_PARSERS,
     TOOL_PARSERS,
@@ -47,4 +48,5 @@ __all__ = [
     "starts_inside_reasoning",
     "strip_text_suffix",
     "text_of",
+    "use_vocabulary",
 ]

@@ -21,12 +21,15 @@ message is kept as it is.
 The encoding needs the ``o200k_base`` vocabulary: harmony downloads it, or reads it from the
 directory ``TIKTOKEN_ENCODINGS_BASE`` names (offline machines; ``infra/setup.sh`` writes one to
 ``.cache/tiktoken``). Without it the parser cannot be made: ``HarmonyUnavailable`` at session
-creation, not mid-trial.
+creation, not mid-trial. The entry points (``trialflow proxy``, the worker) name that directory
+themselves (``use_vocabulary``, from the setting ``harmony_vocab_dir``), so no caller has to
+export the variable.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -39,8 +42,21 @@ FUNCTIONS = "functions."
 _SLICE = 256
 
 
+# The variable openai-harmony reads for a local directory of tiktoken vocabularies.
+VOCABULARY_ENV = "TIKTOKEN_ENCODINGS_BASE"
+
+
 class HarmonyUnavailable(RuntimeError):
     """The harmony encoding cannot be loaded (package or vocabulary missing)."""
+
+
+def use_vocabulary(directory: str | os.PathLike[str]) -> None:
+    """Make harmony read ``o200k_base.tiktoken`` from ``directory`` (sets ``VOCABULARY_ENV``
+    for this process; harmony reads it when it loads the encoding). Takes effect for an
+    encoding not loaded yet: call it before the first harmony parser is made (the proxy makes
+    its parsers at start-up). A directory without the file is not checked here: making the
+    parser then fails with ``HarmonyUnavailable``, naming the variable."""
+    os.environ[VOCABULARY_ENV] = os.fspath(directory)
 
 
 @functools.lru_cache(maxsize=1)

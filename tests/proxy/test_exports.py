@@ -72,6 +72,7 @@ def test_parser_exports_are_pinned():
         "starts_inside_reasoning",
         "strip_text_suffix",
         "text_of",
+        "use_vocabulary",
     }
     assert all(hasattr(proxy.parsers, n) for n in proxy.parsers.__all__)
     # importing the parsers does not load openai-harmony (it is imported on first harmony use)

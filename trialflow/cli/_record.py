@@ -29,6 +29,7 @@ def replay_record(
 async def _replay(settings: TrialflowSettings, trial_id: str, attempt: int | None, task: Path | None) -> int:
     import docker
 
+    from proxy.parsers import use_vocabulary
     from proxy.server import ProxyServer
     from proxy.session import SessionConfig
     from trialflow.record_replay import replay_from_record
@@ -57,6 +58,7 @@ async def _replay(settings: TrialflowSettings, trial_id: str, attempt: int | Non
         f"replaying {trial_id} attempt {record.attempt} ({loaded.source} trajectory, "
         f"{loaded.trajectory.counters.turns} turns) without a replica"
     )
+    use_vocabulary(settings.harmony_vocab_dir)  # gpt-oss's harmony parser, before the server makes it
     proxy = ProxyServer(
         model_dir=settings.model_dir,
         defaults=SessionConfig(model=spec.model or settings.model_name),

@@ -63,11 +63,17 @@ def proxy(
 ) -> None:
     """Run the proxy standalone until interrupted: protocol routes on host:port, the
     management API on its own Unix socket with a bearer token (TRIALFLOW_PROXY_TOKEN, or
-    generated and printed)."""
+    generated and printed). gpt-oss's harmony parser reads its vocabulary from the setting
+    `harmony_vocab_dir` (default .cache/tiktoken; TRIALFLOW_HARMONY_VOCAB_DIR or
+    TIKTOKEN_ENCODINGS_BASE)."""
     import os
 
     from proxy import eventloop
+    from proxy.parsers import use_vocabulary
     from proxy.server import ProxyServer
+    from trialflow.settings import load_settings
+
+    use_vocabulary(load_settings().harmony_vocab_dir)
 
     management_socket.parent.mkdir(parents=True, exist_ok=True)
     server = ProxyServer(
