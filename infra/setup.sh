@@ -11,6 +11,8 @@ need_apt=()
 command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v tmux >/dev/null || need_apt+=(tmux)
+# The harness's own toolchain in every sandbox (trialflow.sandbox.toolchain): one static binary.
+dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[setup] apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -74,6 +74,8 @@ class TrialflowSettings(BaseSettings):
     # Sandbox hardening (trialflow.sandbox.policy.SandboxPolicy). pids limit None: unlimited.
     sandbox_pids_limit: int | None = Field(default=1024, ge=16)
     sandbox_read_only_root: bool = False
+    # False: the engine's default seccomp profile (allows ptrace: gdb/strace tasks).
+    sandbox_seccomp_profile: bool = True
     # Container runtime per backend, e.g. "runsc" (gVisor); None: the engine's default.
     sandbox_runtime: str | None = None
 
@@ -91,6 +93,7 @@ class TrialflowSettings(BaseSettings):
         return SandboxPolicy(
             pids_limit=self.sandbox_pids_limit,
             read_only_root=self.sandbox_read_only_root,
+            seccomp_profile=self.sandbox_seccomp_profile,
             runtime=self.sandbox_runtime,
         )
 

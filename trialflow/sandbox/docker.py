@@ -44,6 +44,7 @@ import docker.types
 import requests.exceptions
 
 from trialflow.errors import ImageUnavailable, SandboxLost, SandboxStartFailed, TaskEnvMissing
+from trialflow.sandbox import seccomp
 from trialflow.sandbox.base import ImageInfo, Mount, ReapReport, Sandbox, SandboxBackend
 from trialflow.sandbox.docker_images import BaseImageMaker, DockerImages, dockerfile_bases
 from trialflow.sandbox.docker_sandbox import DockerSandbox
@@ -268,8 +269,12 @@ def docker_create_options(
     }
     if policy.pids_limit is not None:
         opts["pids_limit"] = policy.pids_limit
-    if policy.no_new_privileges:
-        opts["security_opt"] = ["no-new-privileges:true"]
+    security = ["no-new-privileges:true"] if policy.no_new_privileges else []
+    if policy.seccomp_profile:
+        # The engine takes the profile's JSON text itself (the CLI reads it from a file).
+        security.append(f"seccomp={seccomp.profile_json()}")
+    if security:
+        opts["security_opt"] = security
     if policy.runtime:
         opts["runtime"] = policy.runtime
     if storage_mb is not None:

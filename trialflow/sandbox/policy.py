@@ -18,6 +18,11 @@ Defaults and why:
   AUDIT_WRITE, SETFCAP, SETPCAP, SYS_CHROOT. CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL,
   SETUID/SETGID (apt drops to `_apt`; tasks run services as other users) and
   NET_BIND_SERVICE stay.
+- `seccomp_profile=True`: the engine's default syscall allowance minus process tampering
+  (ptrace, process_vm_*, pidfd_getfd) and what the engine already refuses unprivileged
+  containers (`trialflow.sandbox.seccomp`): an agent cannot attach to the keep-alive or
+  any other process of its sandbox. False: the engine's own default profile (it allows
+  ptrace), for tasks that need a debugger (gdb, strace) in the sandbox.
 - `read_only_root=False`: optional, because many tasks install packages into /usr while
   the agent works. When True the root file system is read-only and only `writable_dirs`
   (plus the task's workdir) are writable.
@@ -43,6 +48,7 @@ class SandboxPolicy:
     isolate_network: bool = True
     pids_limit: int | None = 1024
     no_new_privileges: bool = True
+    seccomp_profile: bool = True
     cap_drop: tuple[str, ...] = DEFAULT_CAP_DROP
     read_only_root: bool = False
     writable_dirs: tuple[str, ...] = DEFAULT_WRITABLE_DIRS

@@ -4,6 +4,7 @@ no-new-privileges, read-only root with writable dirs, the storage limit's suppor
 import pytest
 
 from tests.trialflow.conftest import EXAMPLES
+from trialflow.sandbox import seccomp
 from trialflow.sandbox.docker import docker_create_options
 from trialflow.sandbox.policy import SandboxPolicy
 from trialflow.tasks import load_task
@@ -31,6 +32,63 @@ print(len(kids), error)
 """
 
 
+# Attach to a child, read its memory, make a user namespace: every call must fail with EPERM.
+TAMPER = """
+import ctypes, ctypes.util, errno, os, subprocess, time
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+child = subprocess.Popen(["sleep", "60"])
+time.sleep(0.2)
+out = {}
+out["ptrace_attach"] = libc.ptrace(16, child.pid, None, None)  # PTRACE_ATTACH
+out["ptrace_errno"] = errno.errorcode.get(ctypes.get_errno())
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+buf = ctypes.create_string_buffer(8)
+local, remote = iovec(ctypes.cast(buf, ctypes.c_void_p), 8), iovec(0x400000, 8)
+libc.process_vm_readv.restype = ctypes.c_ssize_t
+out["vm_readv"] = libc.process_vm_readv(child.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+out["vm_readv_errno"] = errno.errorcode.get(ctypes.get_errno())
+out["unshare"] = libc.unshare(0x10000000)  # CLONE_NEWUSER
+out["unshare_errno"] = errno.errorcode.get(ctypes.get_errno())
+r = subprocess.run(["python3", "-c", "import os; os.fork()"], capture_output=True)
+out["fork_still_works"] = r.returncode
+child.kill()
+print(out)
+"""
+
+
+def test_seccomp_profile_denies_tampering_and_allows_the_rest():
+    prof = seccomp.profile()
+    assert prof["defaultAction"] == "SCMP_ACT_ALLOW"
+    denied = {n for rule in prof["syscalls"] if "args" not in rule for n in rule["names"]}  # type: ignore[attr-defined]
+    assert {"ptrace", "process_vm_readv", "process_vm_writev", "keyctl", "bpf", "mount", "unshare"} <= denied
+    assert not denied & {"read", "write", "clone", "execve", "wait4", "kill"}
+    assert seccomp.profile_json() == seccomp.profile_json()  # cached, stable text
+
+
+async def test_ptrace_and_process_vm_are_denied_in_the_sandbox(sandbox_for):
+    sb = await sandbox_for(load_task(EXAMPLES / "create-file"))
+    res = await sb.exec(["python3", "-c", TAMPER], timeout_s=60)
+    assert res.ok, res
+    seen = eval(res.stdout)  # noqa: S307 (our own script's dict literal)
+    assert seen["ptrace_attach"] == -1 and seen["ptrace_errno"] == "EPERM", seen
+    assert seen["vm_readv"] == -1 and seen["vm_readv_errno"] == "EPERM", seen
+    assert seen["unshare"] == -1 and seen["unshare_errno"] == "EPERM" and seen["fork_still_works"] == 0, seen
+
+
+async def test_the_engine_default_profile_allows_ptrace(make_backend):
+    # The control: without trialflow's profile the same attach succeeds (issue 20's attack).
+    backend = make_backend(policy=SandboxPolicy(seccomp_profile=False))
+    sb = await backend.create(load_task(EXAMPLES / "create-file"), trial_id="test-engine-seccomp")
+    try:
+        await sb.start()
+        res = await sb.exec(["python3", "-c", TAMPER], timeout_s=60)
+        assert res.ok, res
+        assert eval(res.stdout)["ptrace_attach"] == 0, res.stdout  # noqa: S307
+    finally:
+        await sb.stop()
+
+
 def _cap_eff(status: str) -> int:
     line = next(line for line in status.splitlines() if line.startswith("CapEff:"))
     return int(line.split()[1], 16)
@@ -46,7 +104,11 @@ def test_policy_rejects_nonsense():
 def test_create_options_are_pure_and_complete():
     opts = docker_create_options(SandboxPolicy(), workdir="/app", storage_mb=None)
     assert opts["pids_limit"] == 1024
-    assert opts["security_opt"] == ["no-new-privileges:true"]
+    assert opts["security_opt"][0] == "no-new-privileges:true"
+    assert opts["security_opt"][1] == f"seccomp={seccomp.profile_json()}"
+    assert "security_opt" not in docker_create_options(
+        SandboxPolicy(no_new_privileges=False, seccomp_profile=False), workdir=None, storage_mb=None
+    )
     assert "NET_RAW" in opts["cap_drop"] and "read_only" not in opts and opts["mounts"] == []
     ro = docker_create_options(
         SandboxPolicy(read_only_root=True, runtime="runsc", pids_limit=None), workdir="/app", storage_mb=512
