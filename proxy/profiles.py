@@ -30,6 +30,16 @@ where the markers land. Nothing is matched against a list of known template text
   ``"string"`` when only a JSON string renders (DeepSeek-V3.1 concatenates them), None when
   no tool call renders at all.
 - ``parallel_tool_calls``: False when two calls in one message raise (Llama-3.1, gpt-oss).
+- ``call_with_content_and_reasoning``: False when an assistant message with a tool call that
+  carries both content and reasoning raises (gpt-oss: "Cannot pass both content and thinking
+  in an assistant message with tool calls!"; its template has one analysis slot before a
+  call). gpt-oss writes exactly that turn when it says what it will do first: analysis, a
+  ``commentary`` preamble (returned as content), then the call. ``adapt`` then renders the
+  message with its reasoning and its content joined by a newline as the reasoning (the one
+  slot, which the template renders as analysis as it renders either field alone). Only the
+  environment after the model's turn is taken from a render (proxy.tokenization rule 3), so a
+  conversation extending the model's turn keeps its own tokens (analysis, preamble, call)
+  exactly; the joined text is what a fresh render of that history (a new segment) shows.
 - ``family``, ``tool_parser``, ``reasoning_parser``: named after the tool-call markup seen in
   the render (``hermes``, ``qwen3_coder``, ``glm45``, ``deepseek_v31``, ``harmony``,
   ``llama3_json``; family ``custom`` and no tool parser when none is recognised) and after
@@ -95,6 +105,7 @@ class ModelProfile:
     thinking_switch: str | None = "enable_thinking"
     arguments: Arguments | None = "object"
     parallel_tool_calls: bool = True
+    call_with_content_and_reasoning: bool = True
     reasoning_parser: str | None = "think"
     tool_parser: str | None = "hermes"
     header_boundary: str = ""
@@ -115,7 +126,7 @@ class ModelProfile:
                 if not isinstance(v, list) or not all(isinstance(t, str) and t for t in v):
                     raise TypeError(f"profile.{k} must be a list of token texts")
                 out[k] = tuple(v)
-            elif k in ("stop_opens_next", "parallel_tool_calls"):
+            elif k in ("stop_opens_next", "parallel_tool_calls", "call_with_content_and_reasoning"):
                 if not isinstance(v, bool):
                     raise TypeError(f"profile.{k} must be a boolean")
                 out[k] = v
@@ -155,10 +166,14 @@ class ModelProfile:
         ``reasoning_field``; tool-call arguments as a JSON string where the template
         concatenates them, and as an object where it iterates them (a caller that passes the
         JSON text of an object gets the object: ``|items`` on a string raises). Messages that
-        need no change are passed through (not copied)."""
+        need no change are passed through (not copied). A tool-call message with content and
+        reasoning, where the template refuses both (``call_with_content_and_reasoning``), gets
+        them joined as its reasoning (module docstring)."""
         rename = self.reasoning_field not in (None, "reasoning_content")
         out = []
         for m in messages:
+            if not self.call_with_content_and_reasoning:
+                m = _one_text_before_call(m)
             if rename and "reasoning_content" in m:
                 reasoning = m["reasoning_content"]
                 m = {k: v for k, v in m.items() if k != "reasoning_content"}
@@ -170,6 +185,22 @@ class ModelProfile:
                     m = {**m, "tool_calls": fixed}
             out.append(m)
         return out
+
+
+def _one_text_before_call(m: Message) -> Message:
+    """``m`` with its content joined after its reasoning, as its reasoning, when it is an
+    assistant message with tool calls and both texts are non-empty (as the template tests them:
+    whitespace counts); else ``m`` itself."""
+    reasoning, content = m.get("reasoning_content"), m.get("content")
+    if m.get("role") != "assistant" or not m.get("tool_calls") or not reasoning or not content:
+        return m
+    if not isinstance(content, str):  # text parts: the text the template would join
+        content = "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+        if not content:
+            return m
+    return {**m, "content": "", "reasoning_content": f"{reasoning}\n{content}"}
 
 
 def _args_as(tc: Any, kind: Arguments) -> Any:
@@ -356,6 +387,18 @@ def detect_profile(
             render(two, tools=[_PROBE_TOOL])
         except Exception:  # noqa: BLE001 - the template refuses parallel calls
             parallel = False
+    both = True
+    if arguments is not None and reasoning_field is not None:
+        args = {"tfarg": _A} if arguments == "object" else json.dumps({"tfarg": _A})
+        said: list[dict] = [
+            user,
+            {"role": "assistant", "content": _C, reasoning_field: _R, "tool_calls": [_call(args)]},
+            tool_msg,
+        ]
+        try:
+            render(said, gen=True, tools=[_PROBE_TOOL])
+        except Exception:  # noqa: BLE001 - the template refuses content and reasoning on a call
+            both = False
 
     family, tool_parser, reasoning_parser = "custom", None, None
     for marker, fam, tparser, rparser in _TOOL_FORMATS:
@@ -376,6 +419,7 @@ def detect_profile(
         thinking_switch=switch,
         arguments=arguments,
         parallel_tool_calls=parallel,
+        call_with_content_and_reasoning=both,
         reasoning_parser=reasoning_parser,
         tool_parser=tool_parser,
         header_boundary=boundary,

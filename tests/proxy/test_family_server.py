@@ -255,3 +255,64 @@ async def test_a_session_overrides_the_detected_profile(family_dirs):
         assert srv.profile.stop_tokens == ("<|im_end|>", "<|endoftext|>")  # the proxy's is unchanged
     with pytest.raises(ValueError, match="unknown profile fields"):
         SessionConfig().with_overrides({"profile": {"stops": []}})
+
+
+# gpt-oss's own output for "reason, say what you will do (a commentary preamble), then call":
+# three harmony messages in one turn, ended by the call.
+_PREAMBLE_TURN = (
+    "<|channel|>analysis<|message|>the tests live in tests/<|end|>"
+    "<|start|>assistant<|channel|>commentary<|message|>I will run the tests now.<|end|>"
+    '<|start|>assistant<|channel|>commentary to=functions.Bash <|constrain|>json<|message|>{"command":"pytest"}',
+    "<|call|>",
+)
+
+
+@pytest.mark.parametrize("protocol", ["openai", "anthropic"])
+async def test_gpt_oss_preamble_before_a_call_extends_token_exactly(family_dirs, protocol):
+    """The client echoes the preamble (content), the reasoning and the call; gpt-oss's template
+    refuses content and thinking together on a tool-call message (its real rule), so the proxy
+    renders them in the form it accepts: the next turn is served, one segment, no rewrite, and
+    the recorded sequence holds the model's own three messages."""
+    final = _reply("gpt_oss", content="all green", reasoning="passed")
+    tok = AutoTokenizer.from_pretrained(family_dirs["gpt_oss"])
+    script = [Reply("".join(_PREAMBLE_TURN), eos=False), final[0]]
+    async with ScriptedVLLM(tok, script=script) as dbl, _server(tok, dbl.url) as srv:
+        h = srv.open_session()
+        result = "3 passed"
+        if protocol == "openai":
+            oa = openai.AsyncOpenAI(base_url=h.openai_base_url, api_key="k", max_retries=0)
+            msgs = [
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "test it"},
+            ]
+            r1 = (await oa.chat.completions.create(model="m", messages=msgs, tools=OPENAI_TOOLS)).choices[0]
+            assert r1.message.content == "I will run the tests now."
+            assert r1.message.model_dump()["reasoning_content"] == "the tests live in tests/"
+            (call,) = r1.message.tool_calls
+            msgs += [
+                r1.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": result},
+            ]
+            r2 = await oa.chat.completions.create(model="m", messages=msgs, tools=OPENAI_TOOLS)
+            assert r2.choices[0].message.content == "all green"
+            await oa.close()
+        else:
+            an = anthropic.AsyncAnthropic(base_url=h.anthropic_base_url, api_key="k", max_retries=0)
+            kw = dict(model="m", max_tokens=300, system="You are a coding agent.", tools=ANTHROPIC_TOOLS)
+            amsgs: list = [{"role": "user", "content": "test it"}]
+            first = await an.messages.create(messages=amsgs, **kw)
+            assert [b.type for b in first.content] == ["thinking", "text", "tool_use"]
+            amsgs.append(
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]}
+            )
+            amsgs.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": first.content[2].id, "content": result}
+            ]})  # fmt: skip
+            second = await an.messages.create(messages=amsgs, **kw)
+            assert [b.text for b in second.content if b.type == "text"] == ["all green"]
+            await an.close()
+        _check_record(srv, h.session_id, dbl, tok, [list(_PREAMBLE_TURN), final[1]], ["test it", result])
+        decoded = tok.decode(
+            srv.session(h.session_id).trajectory.segments[0].full_ids, skip_special_tokens=False
+        )
+        assert decoded.count("I will run the tests now.") == 1  # the model's preamble, as it wrote it

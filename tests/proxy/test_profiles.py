@@ -42,6 +42,42 @@ def test_each_family_is_detected_from_its_template(name):
     assert set(family(name).generation_eos) <= set(p.stop_tokens) <= set(p.closers)
 
 
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_only_gpt_oss_refuses_content_and_reasoning_on_a_call(name):
+    assert _profile(name).call_with_content_and_reasoning == (name != "gpt_oss")
+
+
+def test_a_preamble_and_reasoning_before_a_call_render_as_one_analysis_text():
+    """gpt-oss's template refuses both texts on a call (its rule, reproduced by the fixture); the
+    adapted message renders, as one analysis message (reasoning, then the preamble), before the call."""
+    tok = make_tokenizer("gpt_oss")
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+    msg = {"role": "assistant", "content": "I will look.", "reasoning_content": "think", "tool_calls": [call]}
+    msgs = [{"role": "user", "content": "go"}, msg, {"role": "tool", "tool_call_id": "c", "content": "x"}]
+    raw = [msgs[0], {**msg, "thinking": msg["reasoning_content"]}, msgs[2]]
+    del raw[1]["reasoning_content"]
+    with pytest.raises(Exception, match="Cannot pass both content and thinking"):
+        tok.apply_chat_template(raw, tokenize=False)
+    p = _profile("gpt_oss")
+    adapted = p.adapt(msgs)
+    assert adapted[1] == {
+        "role": "assistant",
+        "content": "",
+        "thinking": "think\nI will look.",
+        "tool_calls": [call],
+    }
+    text = tok.apply_chat_template(adapted, tokenize=False, add_generation_prompt=True)
+    assert "<|channel|>analysis<|message|>think\nI will look.<|end|><|start|>assistant to=functions.f" in text
+    # one text alone, a call without texts, and a message without a call are passed through
+    for m in (
+        {**msg, "content": ""},
+        {**msg, "reasoning_content": ""},
+        {"role": "assistant", "content": "a", "reasoning_content": "r"},
+    ):
+        assert p.adapt([m])[0].get("content") == m["content"]
+    assert _profile("qwen3").adapt([msg]) == [msg]  # a template that takes both: unchanged
+
+
 def test_gpt_oss_history_closer_is_end_although_the_model_stops_on_return():
     p = _profile("gpt_oss")
     assert "<|end|>" in p.closers and "<|end|>" not in p.stop_tokens

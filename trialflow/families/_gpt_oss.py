@@ -17,7 +17,11 @@ format description and the gpt-oss model card.
   model's last turn differently.
 - assistant tool call: ONE call per message (more raise); its ``thinking`` (or its content)
   renders as an analysis message ``<|start|>assistant<|channel|>analysis<|message|>...<|end|>``
-  only while no later final answer exists (content and thinking together raise); then
+  only while no later final answer exists (a later assistant message without a ``tool_calls``
+  key); content and thinking together raise, with the words of gpt-oss's published
+  chat_template.jinja ("Cannot pass both content and thinking in an assistant message with
+  tool calls!"), which is what a client echoing a preamble (commentary before the call) meets;
+  then
   ``<|start|>assistant to=functions.{name}<|channel|>commentary json<|message|>{args}<|call|>``
   (``arguments`` through ``tojson``). The model emits the header the other harmony way round
   (``<|channel|>commentary to=functions.{name} <|constrain|>json``): again a re-render.
@@ -103,11 +107,11 @@ TEMPLATE = (
         {%- endif -%}
         {%- set later = namespace(final=false) -%}
         {%- for n in messages[loop.index0 + 1:] -%}
-            {%- if n.role == 'assistant' and not n.tool_calls -%}{%- set later.final = true -%}{%- endif -%}
+            {%- if n.role == 'assistant' and 'tool_calls' not in n -%}{%- set later.final = true -%}{%- endif -%}
         {%- endfor -%}
         {%- set content = text(m.content) -%}
         {%- if content and m.thinking -%}
-            {{- raise_exception('an assistant message with tool calls cannot have both content and thinking') -}}
+            {{- raise_exception('Cannot pass both content and thinking in an assistant message with tool calls! Put the analysis message in one or the other, but not both.') -}}
         {%- elif (content or m.thinking) and not later.final -%}
             {{- '<|start|>assistant<|channel|>analysis<|message|>' + (content or m.thinking) + '<|end|>' -}}
         {%- endif -%}
