@@ -17,7 +17,10 @@ The task's artifacts (task.toml `artifacts` and /logs/artifacts, as Harbor colle
 `trialflow.artifacts`) are collected just BEFORE the verifier runs, in either mode, as
 Harbor collects them (so a verifier that changes or deletes them cannot change what is
 stored), and go to the store under the attempt's ``logs/artifacts/`` with a
-``manifest.json``. A multi-step task's step (`VerifyInput.step`) is verified on `Task.step_view` (its tests over the shared ones, its
+``manifest.json``. Artifacts and the verifier's files are copied within budgets
+(`trialflow.sandbox.transfer`, the worker's `TransferLimits`): over one, the activity
+fails with the non-retryable `OutputBudgetExceeded`, which the workflow records as the
+trial's error (termination "verifier_error"), never a retry. A multi-step task's step (`VerifyInput.step`) is verified on `Task.step_view` (its tests over the shared ones, its
 verifier settings, the task's artifacts plus the step's) and stored under the step's keys
 (``.../steps/{key}/``).
 """
@@ -38,6 +41,7 @@ from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import SandboxBackend
 from trialflow.sandbox.egress import Egresses
 from trialflow.sandbox.network import network_policy
+from trialflow.sandbox.transfer import TransferLimits
 from trialflow.separate_verifier import verify_separately
 from trialflow.storage import ResultStore, TrialKeys
 from trialflow.tasks import load_task
@@ -52,8 +56,10 @@ class VerifyActivities:
         store: ResultStore,
         metrics: TrialMetrics,
         egresses: Egresses | None = None,
+        limits: TransferLimits | None = None,
     ) -> None:
         self._egresses = egresses if egresses is not None else Egresses()
+        self._limits = limits or TransferLimits()
         self._backend = backend
         self._store = store
         self._metrics = metrics
@@ -78,7 +84,9 @@ class VerifyActivities:
                 ):
                     if task.separate_verifier is None:
                         entries = task.config.artifact_entries()
-                        manifest = await collect_artifacts(sandbox, entries, Path(artifacts))
+                        manifest = await collect_artifacts(
+                            sandbox, entries, Path(artifacts), self._limits.artifacts()
+                        )
                         env = await self._egresses.env_for(sandbox, network_policy(task, "verifier"))
                         result = await run_verifier(
                             sandbox, task, env=env, timeout_s=inp.verifier_timeout_s, log_dir=Path(logs)
@@ -95,6 +103,7 @@ class VerifyActivities:
                             log_dir=Path(logs),
                             egresses=self._egresses,
                             stop_agent=last,
+                            allowance=self._limits.artifacts(),
                         )
                         result, manifest = done.result, done.manifest
                     await self._store_logs(keys, Path(logs), result)
@@ -111,12 +120,15 @@ class VerifyActivities:
         )
 
     async def _store_artifacts(self, keys: TrialKeys, root: Path, manifest: list[ArtifactRow]) -> None:
-        """Artifacts next to the attempt's logs: ``logs/artifacts/...`` plus manifest.json."""
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):  # noqa: ASYNC240 (a small temp dir)
-            data = path.read_bytes()
-            await asyncio.to_thread(
-                self._store.put_bytes, keys.log(f"artifacts/{path.relative_to(root)}"), data
-            )
+        """Artifacts next to the attempt's logs: ``logs/artifacts/...`` plus manifest.json.
+        Each file is streamed from disk; a link inside an artifact is not stored again (its
+        target is, once: the budget charged it once)."""
+        files = await asyncio.to_thread(
+            lambda: sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+        )
+        for path in files:
+            key = keys.log(f"artifacts/{path.relative_to(root)}")
+            await asyncio.to_thread(self._store.put_file, key, path)
         body = json.dumps(manifest, indent=1).encode()
         await asyncio.to_thread(self._store.put_bytes, keys.log("artifacts/manifest.json"), body)
 
@@ -126,8 +138,11 @@ class VerifyActivities:
             "verifier/stdout.txt": result.stdout.encode(),
             "verifier/stderr.txt": result.stderr.encode(),
         }
-        files = await asyncio.to_thread(lambda: sorted(p for p in log_dir.rglob("*") if p.is_file()))
-        for path in files:
-            objects[f"verifier/files/{path.relative_to(log_dir)}"] = path.read_bytes()
         for name, data in objects.items():
             await asyncio.to_thread(self._store.put_bytes, keys.log(name), data)
+        files = await asyncio.to_thread(
+            lambda: sorted(p for p in log_dir.rglob("*") if p.is_file() and not p.is_symlink())
+        )
+        for path in files:
+            key = keys.log(f"verifier/files/{path.relative_to(log_dir)}")
+            await asyncio.to_thread(self._store.put_file, key, path)

@@ -7,7 +7,10 @@ a directory source, and on their basenames) drop files. A source that does not e
 recorded as missing, never an error (the convention dir usually does not). Entries whose
 outputs overlap an earlier one are skipped, as Harbor keeps the first claim. The result is
 a manifest, one row per entry: source, destination, status ("ok" | "missing" |
-"skipped" | "failed": the source was a link the download refused), files.
+"skipped" | "failed": the source was a link the download refused), files. The copies are
+streamed and share one budget of bytes and entries (`trialflow.sandbox.transfer`): over
+it, `OutputBudgetExceeded` ends the verification (a 1 GB sparse file is refused by its
+tar header, before a byte of it is read).
 
 `upload_artifacts` puts collected artifacts into a separate verifier sandbox, as Harbor
 0.25 re-materializes them: each entry at its original source path (never its
@@ -31,6 +34,7 @@ from typing import Literal, TypedDict
 
 from trialflow.errors import SandboxLost, SandboxPathNotFound
 from trialflow.sandbox.base import Sandbox
+from trialflow.sandbox.transfer import Allowance, TransferLimits
 from trialflow.task_config import ArtifactConfig
 
 log = logging.getLogger(__name__)
@@ -58,8 +62,13 @@ def _overlaps(a: str, b: str) -> bool:
     return pa == pb or pa in pb.parents or pb in pa.parents
 
 
-async def collect_artifacts(sandbox: Sandbox, entries: list[ArtifactConfig], dest: Path) -> list[ArtifactRow]:
-    """Copy every entry into `dest`; returns the manifest."""
+async def collect_artifacts(
+    sandbox: Sandbox, entries: list[ArtifactConfig], dest: Path, allowance: Allowance | None = None
+) -> list[ArtifactRow]:
+    """Copy every entry into `dest`; returns the manifest. Every entry is charged to one
+    `allowance` (None: `TransferLimits()`'s artifact budget); `OutputBudgetExceeded` when
+    they do not fit, the trial's outcome (never retried)."""
+    allowance = allowance if allowance is not None else TransferLimits().artifacts()
     manifest: list[ArtifactRow] = []
     claimed: list[str] = []
     for entry in entries:
@@ -71,7 +80,7 @@ async def collect_artifacts(sandbox: Sandbox, entries: list[ArtifactConfig], des
             continue
         with tempfile.TemporaryDirectory(prefix="tf-artifact-") as tmp:
             try:
-                got = await sandbox.download(entry.source, Path(tmp))
+                got = await sandbox.download(entry.source, Path(tmp), allowance=allowance)
             except (SandboxPathNotFound, FileNotFoundError):
                 row["status"] = "missing"
                 continue

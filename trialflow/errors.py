@@ -19,7 +19,10 @@
     │   ├── StepSetupFailed             a step's workdir/setup.sh or [steps.healthcheck] failed: an outcome
     │   │                               of that step (returned as data; the sequence stops there)
     │   ├── SandboxLost                 container or engine vanished mid-trial         (retried)
-    │   └── SandboxPathNotFound         download() of a path that does not exist      (never retried)
+    │   ├── SandboxPathNotFound         download() of a path that does not exist      (never retried)
+    │   └── OutputBudgetExceeded        files copied out of a sandbox over their budget (bytes by the
+    │                                   tar headers' apparent sizes, or entries): an outcome of the
+    │                                   trial, recorded in its result                   (never retried)
     ├── VerifierError                   classification of a VerifierResult, not raised by the verifier
     │   ├── VerifierTimeout             test.sh ran past [verifier].timeout_sec        (never retried)
     │   └── RewardMissing               no reward.json / reward.txt, or unparseable    (never retried)
@@ -170,6 +173,18 @@ class SandboxPathNotFound(SandboxError, FileNotFoundError):
     """A path asked for by `download()` does not exist in the sandbox."""
 
     retryable = False
+
+
+class OutputBudgetExceeded(SandboxError):
+    """What a sandbox gave back (artifacts, logs) is over its budget
+    (`trialflow.sandbox.transfer.TransferLimits`); the copy stopped before the member that
+    crossed it. Retrying would copy the same files again."""
+
+    retryable = False
+
+    def __init__(self, what: str, limit: str, member: str) -> None:
+        super().__init__(f"{what}: over the budget of {limit} at {member!r}")
+        self.what, self.limit, self.member = what, limit, member
 
 
 class VerifierError(TrialflowError):

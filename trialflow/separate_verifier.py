@@ -41,6 +41,7 @@ from trialflow.artifacts import ArtifactRow, collect_artifacts, upload_artifacts
 from trialflow.sandbox.base import Sandbox, SandboxBackend
 from trialflow.sandbox.egress import Egresses
 from trialflow.sandbox.network import network_policy
+from trialflow.sandbox.transfer import Allowance
 from trialflow.tasks import Task
 from trialflow.verifier import VerifierResult, run_tests
 
@@ -63,11 +64,14 @@ async def verify_separately(
     log_dir: Path | None = None,
     egresses: Egresses | None = None,
     stop_agent: bool = True,
+    allowance: Allowance | None = None,
 ) -> SeparateVerification:
     """Verify `agent`'s work for `task` in a fresh verifier sandbox (module docstring).
     `artifacts_dir` receives the collected artifacts (its manifest is returned);
     `log_dir`, `timeout_s` as `run_tests`; `stop_agent` False leaves the agent's processes
-    running (step 1 of the module docstring). Raises what the backend raises for
+    running (step 1 of the module docstring); `allowance`: the artifacts' budget
+    (`collect_artifacts`; over it, `OutputBudgetExceeded` before any verifier sandbox is
+    made). Raises what the backend raises for
     infrastructure failures (SandboxLost, SandboxStartFailed, ImageUnavailable, ...)."""
     separate = task.separate_verifier
     if separate is None:
@@ -76,7 +80,7 @@ async def verify_separately(
     if stop_agent:
         await agent.stop_processes()
     entries = task.config.artifact_entries()
-    manifest = await collect_artifacts(agent, entries, artifacts_dir)
+    manifest = await collect_artifacts(agent, entries, artifacts_dir, allowance)
     verifier = await backend.create(task, trial_id=f"{trial_id}-verifier", labels=labels, verifier_for=agent)
     try:
         await verifier.start()

@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from trialflow.sandbox.policy import SandboxPolicy
+    from trialflow.sandbox.transfer import TransferLimits
 
 # Where `python -m infra.tiktoken_vocab` (run by infra/setup.sh) writes o200k_base.tiktoken.
 DEFAULT_HARMONY_VOCAB_DIR = Path(__file__).resolve().parents[1] / ".cache" / "tiktoken"
@@ -79,6 +80,16 @@ class TrialflowSettings(BaseSettings):
     # Container runtime per backend, e.g. "runsc" (gVisor); None: the engine's default.
     sandbox_runtime: str | None = None
 
+    # Budgets on files copied out of a sandbox (trialflow.sandbox.transfer.TransferLimits):
+    # a trial's artifacts together per verification, and each log copy (/logs/verifier, an
+    # agent's stdout/stderr file). Bytes count by apparent size (a sparse file's full
+    # length); entries are files, directories and links. Over budget: OutputBudgetExceeded,
+    # recorded in the trial's result, never retried.
+    transfer_artifact_bytes: int = Field(default=256 << 20, gt=0)
+    transfer_artifact_files: int = Field(default=10_000, gt=0)
+    transfer_log_bytes: int = Field(default=32 << 20, gt=0)
+    transfer_log_files: int = Field(default=1_000, gt=0)
+
     max_concurrent_trials: int = Field(default=4, gt=0)
     metrics_port: int = 0
     worker_id: str | None = None
@@ -95,6 +106,16 @@ class TrialflowSettings(BaseSettings):
             read_only_root=self.sandbox_read_only_root,
             seccomp_profile=self.sandbox_seccomp_profile,
             runtime=self.sandbox_runtime,
+        )
+
+    def transfer_limits(self) -> TransferLimits:
+        from trialflow.sandbox.transfer import TransferLimits
+
+        return TransferLimits(
+            artifact_bytes=self.transfer_artifact_bytes,
+            artifact_files=self.transfer_artifact_files,
+            log_bytes=self.transfer_log_bytes,
+            log_files=self.transfer_log_files,
         )
 
 

@@ -45,6 +45,7 @@ import abc
 import asyncio
 import functools
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,6 +132,11 @@ class ResultStore(abc.ABC):
         """Write (overwrite) `key`; return its URI."""
 
     @abc.abstractmethod
+    def put_file(self, key: str, path: Path, content_type: str = "application/octet-stream") -> str:
+        """Write (overwrite) `key` with the content of the local file `path`, streamed from
+        disk (an artifact is never held whole in memory); return its URI."""
+
+    @abc.abstractmethod
     def put_once(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         """Write `key` only if it does not exist yet (atomically); return its URI. The same
         bytes again (a retried write) is a success; different bytes raise `ObjectExists`
@@ -204,6 +210,18 @@ class LocalStore(ResultStore):
         except OSError as e:
             raise StorageError(f"could not write {path}: {e}") from e
         return path.as_uri()
+
+    def put_file(self, key: str, path: Path, content_type: str = "application/octet-stream") -> str:
+        target = self.root / validate_key(key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as out, path.open("rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+            os.replace(tmp, target)
+        except OSError as e:
+            raise StorageError(f"could not write {target}: {e}") from e
+        return target.as_uri()
 
     def put_once(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         path = self.root / validate_key(key)
@@ -341,6 +359,16 @@ class S3Store(ResultStore):
             ),
             f"put {full}",
         )
+        return f"s3://{self.bucket}/{full}"
+
+    def put_file(self, key: str, path: Path, content_type: str = "application/octet-stream") -> str:
+        full = self._full(key)
+
+        def write() -> None:
+            with path.open("rb") as body:  # botocore reads a file body in blocks
+                self._client.put_object(Bucket=self.bucket, Key=full, Body=body, ContentType=content_type)
+
+        self._guard(write, f"put {full}")
         return f"s3://{self.bucket}/{full}"
 
     def put_once(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> str:

@@ -144,8 +144,12 @@ class WorkerProcess:
         for name, target in settings.extra_scaffolds.items():
             register_scaffold(name, target)
         store = open_store(settings)
+        limits = settings.transfer_limits()
         self.backend = DockerBackend(
-            docker.from_env(), labels={"trialflow.worker": queue}, policy=settings.sandbox_policy()
+            docker.from_env(),
+            labels={"trialflow.worker": queue},
+            policy=settings.sandbox_policy(),
+            limits=limits,
         )
         self.proxy = open_proxy(settings)
         self._store, self._worker_id = store, worker_id
@@ -157,7 +161,7 @@ class WorkerProcess:
         scaffold = ScaffoldActivities(
             self.proxy, self.backend, store, metrics, self.client, settings.model_name, egresses
         )
-        verify = VerifyActivities(self.backend, store, metrics, egresses)
+        verify = VerifyActivities(self.backend, store, metrics, egresses, limits)
         steps = StepActivities(self.backend)
         results = StoreActivities(store, metrics)
         grace = timedelta(seconds=settings.drain_grace_s)

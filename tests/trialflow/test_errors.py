@@ -16,6 +16,7 @@ from trialflow import errors as E
         (E.SandboxStartFailed, True),
         (E.SandboxLost, True),
         (E.SandboxPathNotFound, False),
+        (E.OutputBudgetExceeded, False),
         (E.VerifierTimeout, False),
         (E.RewardMissing, False),
         (E.UnknownScaffold, False),

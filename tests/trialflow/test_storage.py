@@ -207,3 +207,11 @@ def test_delete_removes_and_tolerates_missing(store):
     store.delete("proxies/w.json")
     store.delete("proxies/w.json")
     assert not store.exists("proxies/w.json") and store.list_keys("proxies/") == []
+
+
+def test_put_file_streams_a_file_from_disk(store, tmp_path):
+    src = tmp_path / "artifact.bin"
+    data = bytes(range(256)) * 20_000  # 5 MB: more than one read block
+    src.write_bytes(data)
+    uri = store.put_file("batches/b/trials/t/attempt-1/logs/artifacts/artifact.bin", src)
+    assert store.get_bytes(uri) == data

@@ -21,7 +21,9 @@ Contracts every implementation keeps:
   mirror: a file lands at `local_dir/<basename>`, a directory's contents in `local_dir`.
   Both preserve file modes. A missing remote path raises `SandboxPathNotFound`. `download`
   skips what would land outside `local_dir` (absolute links, links out of the tree) and
-  clears setuid/setgid bits (tarfile's `data` filter, member by member).
+  clears setuid/setgid bits (tarfile's `data` filter, member by member). `download` is
+  bounded: bytes (apparent sizes) and entries against an allowance, streamed, never read
+  whole into memory; over it, `OutputBudgetExceeded` (never retried).
 - Every method is async; implementations over blocking clients run them in threads.
 
 Guarantees every backend gives (docs/design.md, "Sandbox network and reward integrity"):
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from trialflow.sandbox.transfer import Allowance
     from trialflow.tasks import Task
 
 
@@ -114,9 +117,14 @@ class Sandbox(abc.ABC):
         """Copy a local file or a directory's contents into `remote_dir`."""
 
     @abc.abstractmethod
-    async def download(self, remote_path: str, local_dir: str | Path) -> Path:
+    async def download(
+        self, remote_path: str, local_dir: str | Path, *, allowance: Allowance | None = None
+    ) -> Path:
         """Copy a remote file or directory's contents into `local_dir`; returns the local
-        path of the file, or `local_dir` for a directory."""
+        path of the file, or `local_dir` for a directory. Streamed, and charged to
+        `allowance` (None: the backend's log limits) member by member before any data is
+        read; `OutputBudgetExceeded` when a member does not fit (`trialflow.sandbox.transfer`).
+        What was copied before it stays in `local_dir` (the caller's temporary directory)."""
 
     @abc.abstractmethod
     async def listen_loopback(self) -> socket.socket:

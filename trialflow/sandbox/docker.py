@@ -56,6 +56,7 @@ from trialflow.sandbox.reaper import (
     LABEL_VERIFIER_OF,
     reap_containers,
 )
+from trialflow.sandbox.transfer import TransferLimits
 from trialflow.tasks import resolve_env
 
 if TYPE_CHECKING:
@@ -102,8 +103,12 @@ class DockerBackend(SandboxBackend):
         base_images: Mapping[str, BaseImageMaker] | None = None,
         exec_grace_s: float = EXEC_GRACE_S,
         policy: SandboxPolicy | None = None,
+        limits: TransferLimits | None = None,
     ) -> None:
         self.client = client
+        # budgets of downloads (trialflow.sandbox.transfer); the log limits unless a caller
+        # charges a copy to an allowance of its own (artifacts)
+        self.limits = limits or TransferLimits()
         self.policy = policy or SandboxPolicy()
         self.labels = dict(labels or {})
         self.output_cap = output_cap_bytes

@@ -5,7 +5,8 @@ Exec timeouts run the command under coreutils `timeout -s KILL` inside the conta
 the command's process group; exit 137). If the output stream stays open past the deadline
 plus a grace period (a daemonized child holding stdout), the exec is abandoned on the host
 side and reported as timed out with empty output. Each stream keeps its last
-`output_cap` bytes (`_TailBuffer`). Engine errors that mean the container is gone (404,
+`output_cap` bytes (`_TailBuffer`). Downloads are streamed and charged to an allowance
+(`trialflow.sandbox.transfer`; by default the backend's log limits). Engine errors that mean the container is gone (404,
 409 "not running", engine unreachable) become `SandboxLost`.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import io
 import socket
 import tarfile
 import tempfile
@@ -21,9 +21,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import IO, TYPE_CHECKING, TypeVar
 
 import docker.errors
+import docker.utils
 import requests.exceptions
 
 from trialflow.errors import EntrypointExited, SandboxLost, SandboxPathNotFound, SandboxStartFailed
@@ -31,6 +32,7 @@ from trialflow.sandbox import processes
 from trialflow.sandbox.base import ExecResult, Sandbox
 from trialflow.sandbox.netns import listen_in_netns
 from trialflow.sandbox.reaper import LABEL_VERIFIER_OF
+from trialflow.sandbox.transfer import Allowance, extract_stream
 
 if TYPE_CHECKING:
     from trialflow.sandbox.docker import DockerBackend
@@ -62,8 +64,10 @@ class _TailBuffer:
         return f"[trialflow: {self.dropped} earlier bytes truncated]\n{body}" if self.dropped else body
 
 
-def _tar_local(local: Path) -> io.BytesIO:
-    buf = io.BytesIO()
+def _tar_local(local: Path) -> IO[bytes]:
+    """`local` as a tar archive in an unnamed temporary file (streamed to the engine from
+    there: an upload of artifacts is never held in memory)."""
+    buf = tempfile.TemporaryFile()
 
     def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
@@ -208,46 +212,38 @@ class DockerSandbox(Sandbox):
         mk = await self.exec(["mkdir", "-p", remote_dir], user="0")
         if not mk.ok:
             raise SandboxLost(f"mkdir -p {remote_dir} failed in {self._name}: {mk.stderr.strip()}")
-        data = await self._backend._run(lambda: _tar_local(local))
         api = self._backend.client.api
-        await self._call(lambda: api.put_archive(self._cid, remote_dir, data.getvalue()))
+        with await self._backend._run(lambda: _tar_local(local)) as data:
+            await self._call(lambda: api.put_archive(self._cid, remote_dir, data))
 
-    async def download(self, remote_path: str, local_dir: str | Path) -> Path:
+    async def download(
+        self, remote_path: str, local_dir: str | Path, *, allowance: Allowance | None = None
+    ) -> Path:
         dest = Path(local_dir)
         api = self._backend.client.api
+        budget = allowance if allowance is not None else self._backend.limits.logs(f"copy of {remote_path}")
 
         def fetch() -> Path:
+            # The archive endpoint by hand: docker's get_archive hides the response, which
+            # must be closed when the budget runs out, so that the engine stops sending.
+            res = api._get(
+                api._url("/containers/{0}/archive", self._cid), params={"path": remote_path}, stream=True
+            )
             try:
-                stream, stat = api.get_archive(self._cid, remote_path)
-            except docker.errors.NotFound as e:
-                if "No such container" in str(e):
-                    raise
-                raise SandboxPathNotFound(f"{remote_path} does not exist in {self._name}") from e
-            is_dir = bool(stat["mode"] & (1 << 31))  # Go's os.ModeDir
-            with tempfile.TemporaryFile() as tmp:
-                for chunk in stream:
-                    tmp.write(chunk)
-                tmp.seek(0)
-                dest.mkdir(parents=True, exist_ok=True)
-                with tarfile.open(fileobj=tmp) as tar:
-                    members = []
-                    for m in tar.getmembers():
-                        # Docker's archive has the basename as top entry; strip it for directories.
-                        if is_dir:
-                            parts = m.name.split("/", 1)
-                            if len(parts) == 1:
-                                continue
-                            m.name = parts[1]
-                            if m.islnk():  # hard links name their target by archive path
-                                m.linkname = m.linkname.split("/", 1)[-1]
-                        members.append(m)
-                    for m in members:
-                        # One refused member (a link out of the tree: the sandbox's files are
-                        # the agent's) is skipped; it must not cost the rest of the copy.
-                        try:
-                            tar.extract(m, dest, filter="data")
-                        except tarfile.FilterError:
-                            continue
+                try:
+                    api._raise_for_status(res)
+                except docker.errors.NotFound as e:
+                    if "No such container" in str(e):
+                        raise
+                    raise SandboxPathNotFound(f"{remote_path} does not exist in {self._name}") from e
+                stat = docker.utils.decode_json_header(res.headers["X-Docker-Container-Path-Stat"])
+                is_dir = bool(stat["mode"] & (1 << 31))  # Go's os.ModeDir
+                # Docker's archive has the basename as top entry: stripped for directories.
+                extract_stream(
+                    res.iter_content(1 << 16), dest, strip_top=is_dir, allowance=budget, where=remote_path
+                )
+            finally:
+                res.close()
             return dest if is_dir else dest / stat["name"]
 
         return await self._call(fetch)

@@ -182,7 +182,7 @@ class _UntouchedSandbox(Sandbox):
     async def upload(self, local_path, remote_dir):
         raise AssertionError("sandbox used")
 
-    async def download(self, remote_path, local_dir):
+    async def download(self, remote_path, local_dir, *, allowance=None):
         raise AssertionError("sandbox used")
 
     async def stop(self):
