@@ -34,7 +34,7 @@ if ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
 fi
 
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-if ! .venv/bin/python -c "import verl, trialflow, temporalio, openai_harmony, mypy" 2>/dev/null \
+if ! .venv/bin/python -c "import verl, transfer_queue, trialflow, temporalio, openai_harmony, mypy" 2>/dev/null \
     || [ ! -x .venv/bin/ruff ]; then
   echo "[setup] pip install trialflow (+verl, dev) into .venv ..."
   .venv/bin/pip install -q --upgrade pip setuptools wheel

@@ -12,6 +12,7 @@ from tests.verl._support import LAYERS, TOP_K, Turn, add_segment, result, roundt
 from trialflow.verl.convert import ConversionError, ConvertConfig, convert_trial, extra_fields, loop_metrics
 
 PROMPT = list(range(100, 110))
+DROP = {"side": "drop", "rewritten": "drop", "steps": "drop"}  # the first segment only
 
 
 def _two_turns(experts: bool = False) -> Trajectory:
@@ -52,6 +53,9 @@ def test_truncation_sets_overlong_and_cuts_everything_alike():
     assert p.overlong
     assert p.response_ids == [1, 2, 3, 50, 51]
     assert len(p.response_mask) == len(p.response_logprobs) == 5
+    # the trial's reward belongs to the whole response: a cut prefix is never trained with it
+    assert p.response_mask == [0] * 5 and p.masked_by == "cut" and p.policy_tokens == 5
+    assert extra_fields(out, p, result())["trained_tokens"] == 0
     assert p.routed_experts.shape == (len(PROMPT) + 5, LAYERS, TOP_K)
     np.testing.assert_array_equal(p.routed_experts, traj.segments[0].routed_experts[: len(PROMPT) + 5])
 
@@ -139,7 +143,8 @@ def test_side_segments_only_primary_is_placeholder_and_sides_are_extras():
     out = convert_trial(traj, result(), ConvertConfig(32, 32, side="extra"))
     assert out.primary.kind == "empty"
     assert [s.kind for s in out.extras] == ["side"] and out.extras[0].prompt_ids == [9, 9, 9]
-    assert convert_trial(traj, result(), ConvertConfig(32, 32)).extras == []
+    assert convert_trial(traj, result(), ConvertConfig(32, 32, **DROP)).extras == []
+    assert convert_trial(traj, result(), ConvertConfig(32, 32)).extras[0].kind == "side"  # default: trains
 
 
 def test_rewritten_and_side_segments_by_policy_and_order():
@@ -153,9 +158,11 @@ def test_rewritten_and_side_segments_by_policy_and_order():
     assert out.primary.segment == 1 and out.primary.kind == "main"
     assert [(s.segment, s.kind) for s in out.extras] == [(0, "side"), (2, "rewritten")]
     assert out.samples[-1] is out.primary
-    only_rewritten = convert_trial(traj, result(), ConvertConfig(32, 32, rewritten="extra"))
+    only_rewritten = convert_trial(traj, result(), ConvertConfig(32, 32, **{**DROP, "rewritten": "extra"}))
     assert [s.kind for s in only_rewritten.extras] == ["rewritten"]
-    assert convert_trial(traj, result(), ConvertConfig(32, 32)).extras == []
+    assert only_rewritten.dropped == {"side": 1}  # the side segment's one policy token
+    none = convert_trial(traj, result(), ConvertConfig(32, 32, **DROP))
+    assert none.extras == [] and none.dropped == {"side": 1, "rewritten": 1}
 
 
 def test_all_main_segments_rewritten_primary_is_the_first():
@@ -232,8 +239,10 @@ def test_invariants(prompt_len, turns, p_budget, r_budget, experts):
     assert p.overlong == (len(full) - len(p.prompt_ids) > r_budget)
     assert len(p.routed_experts) == len(p.prompt_ids) + len(p.response_ids)
     assert p.routed_experts.min() >= 0
-    # every model token kept is still marked as the model's, spilled prompt tokens never are
+    # every model token kept is still marked as the model's (unless cut: then none is),
+    # spilled prompt tokens never are
     assert sum(p.response_mask[: p.prompt_spill]) == 0
+    assert p.trained_tokens == (0 if p.overlong else p.policy_tokens)
 
 
 def _steps_result(**kw):
@@ -268,10 +277,10 @@ def _step_trajectory(prompt: list[int], gen: list[int], side: bool = False) -> T
 def test_multi_step_trial_primary_is_the_first_step_and_later_steps_by_policy():
     res = _steps_result()
     steps = [_step_trajectory([1, 1], [2, 3]), None, _step_trajectory([4, 4, 4], [5], side=True)]
-    out = convert_trial(None, res, ConvertConfig(32, 32), steps)
+    out = convert_trial(None, res, ConvertConfig(32, 32, **DROP), steps)
     assert (out.primary.prompt_ids, out.primary.response_ids, out.primary.step) == ([1, 1], [2, 3], "one")
     assert out.extras == [] and out.reward_score == 0.75  # the trial's combined reward
-    every = convert_trial(None, res, ConvertConfig(32, 32, steps="extra", side="extra"), steps)
+    every = convert_trial(None, res, ConvertConfig(32, 32), steps)  # default: every segment trains
     assert [(s.kind, s.step, s.prompt_ids) for s in every.samples] == [
         ("side", "three", [7, 7]),
         ("step", "three", [4, 4, 4]),

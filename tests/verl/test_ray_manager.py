@@ -96,6 +96,7 @@ def _verl_config(tiny_model_dir: Path, loop_yaml: Path):
                 "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
                 "trialflow.verl.agent_loop.TemporalAgentLoopManager",  # not in ppo_trainer.yaml: "+"
                 "trainer.experiment_name=raymgr",
+                "trainer.use_v1=false",  # the classic trainer: the one that needs the manager
             ],
         )
 
@@ -109,6 +110,10 @@ async def manager(ray_local, settings, double, tiny_model_dir, tmp_path_factory)
 
     entry = yaml.safe_load((REPO / "examples" / "verl" / "agent_loop.yaml").read_text())[0]
     entry.update(
+        # the classic trainer takes one sample per row (TemporalAgentLoopManager refuses "extra")
+        side_segments="drop",
+        rewritten_segments="drop",
+        step_segments="drop",
         run_name=f"ray-{uuid.uuid4().hex[:6]}",
         model=settings.model_name,
         settings={
@@ -174,6 +179,8 @@ async def test_one_step_through_verls_ray_agent_loop_manager(
     assert ids == [f"trial-{run_name}-train-step5-create-file-{i}" for i in range(4)]
     assert list(out.non_tensor_batch["termination_reason"]) == ["submitted"] * 4
     assert "agent_loop/generate_sequences/mean" in out.meta_info["timing"]  # the manager's own metrics
+    timing = out.meta_info["timing"]  # verl logs these as timing_s/...
+    assert timing["trialflow/trials"] == 4 and timing["trialflow/tokens/trained_fraction"] == 1.0
     assert len(double.requests) - before == 4  # two chat trials x two turns, on verl's server
 
     store = open_store(settings)

@@ -116,7 +116,9 @@ async def test_verl_postprocess_accepts_our_outputs(tokenizer, experts):
     assert outs[1].extra_fields["overlong"] and outs[2].extra_fields["prompt_spill"] == 8
     assert list(batch.non_tensor_batch["trial_id"]) == [f"trial-b-t-{i}" for i in range(B)]
     assert list(batch.non_tensor_batch["min_global_steps"])[0] == 3
-    assert list(batch.non_tensor_batch["masked"]) == [False, False, False, True, False]
+    # the cut (overlong) sample and the placeholder are masked
+    assert list(batch.non_tensor_batch["masked"]) == [False, True, False, True, False]
+    assert list(batch.non_tensor_batch["masked_by"]) == [None, "cut", None, None, None]
 
 
 def test_v1_as_dict_aligns_experts_over_the_whole_sequence():
@@ -133,9 +135,9 @@ def _instantiate(tokenizer, model_dir, **overrides):
 
 
 def test_yaml_entry_instantiates_through_verls_registry(tokenizer, tiny_model_dir):
-    loop = _instantiate(tokenizer, tiny_model_dir, routed_experts=[LAYERS, TOP_K], side_segments="extra")
+    loop = _instantiate(tokenizer, tiny_model_dir, routed_experts=[LAYERS, TOP_K], side_segments="drop")
     assert isinstance(loop, TemporalAgentLoop)
-    assert loop.loop_config == LoopConfig(routed_experts=(LAYERS, TOP_K), side_segments="extra")
+    assert loop.loop_config == LoopConfig(routed_experts=(LAYERS, TOP_K), side_segments="drop")
     assert loop.convert_config.prompt_length == P_LEN and loop.convert_config.response_length == R_LEN
     assert loop.convert_config.experts_shape == (LAYERS, TOP_K)
     assert loop.convert_config.filler_token_id == tokenizer.pad_token_id

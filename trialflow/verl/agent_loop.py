@@ -30,9 +30,21 @@ Identity sources, first match wins:
   `TrialRow` so their ids cannot meet a training row's.
 - neither: `TrialIdentityError` (a random id would silently defeat re-attaching).
 
-Returned value: one ``AgentLoopOutput`` (the primary sample), or, when side/rewritten/step
-segments are configured as ``"extra"``, the list ``[*extras, primary]``, which only verl's
-v1 worker accepts (the classic worker takes one output per sample).
+Returned value: one ``AgentLoopOutput`` (the primary sample), or, when the trial has
+side/rewritten/step segments configured as ``"extra"`` (the default), the list
+``[*extras, primary]``, which only verl's v1 worker accepts.
+
+Trainers (`check_trainer`, at construction, before any trial runs):
+- verl's v1 trainer (``trainer.use_v1=true``, verl 0.9.1's default; every
+  ``trainer.v1.trainer_mode``): supported as is, no manager class to set. Every segment
+  trains; invalid members spoil their group through `groups.GroupGate`.
+- verl's classic trainer (``trainer.use_v1=false``) with `TemporalAgentLoopManager`: one
+  sample per input row (``RayPPOTrainer.fit`` unions the generation output with the
+  repeated input batch and slices it to the input's length), so ``"extra"`` segment
+  policies are refused with what to change; groups are masked in the manager.
+- verl's fully-async trainer (``async_training`` in the config): refused. Its rollouter
+  hard-codes its own loop manager (no identity on the rows: every sample would raise
+  `TrialIdentityError`) and its own checkpoint manager (no weight-sync announcement).
 """
 
 from __future__ import annotations
@@ -57,8 +69,17 @@ from verl.utils.ray_utils import auto_await
 from trialflow import batch as trial_batch
 from trialflow.settings import TrialflowSettings, load_settings
 from trialflow.storage import ResultStore, open_store
-from trialflow.verl.convert import ConvertConfig, ConvertedTrial, convert_trial, extra_fields, loop_metrics
-from trialflow.verl.step_batch import StragglerPolicy, run_step
+from trialflow.verl.convert import (
+    ConvertConfig,
+    ConvertedTrial,
+    LoopSample,
+    convert_trial,
+    extra_fields,
+    loop_metrics,
+)
+from trialflow.verl.groups import GroupGate, GroupMember, InvalidGroupPolicy, groups_to_mask
+from trialflow.verl.signal import step_metrics
+from trialflow.verl.step_batch import StepTrial, StragglerPolicy, run_step
 from workflows.shared import Sampling, TrialSpec
 
 log = logging.getLogger(__name__)
@@ -70,6 +91,10 @@ _VERL_KWARGS = {"name", "tools"}
 
 class TrialIdentityError(ValueError):
     """The sample's step/row/rollout cannot be determined (see the module docstring)."""
+
+
+class UnsupportedTrainer(ValueError):
+    """The verl configuration cannot train what the trials produce (the message says what to change)."""
 
 
 class ReplicaDiscoveryError(RuntimeError):
@@ -113,14 +138,50 @@ class LoopConfig(BaseModel):
     trial_timeout_s: float | None = None  # None: wait as long as the trial runs
     cancel_wait_s: float = 30.0
     task_queue: str | None = None  # None: settings.task_queue
-    side_segments: Literal["drop", "extra"] = "drop"
-    rewritten_segments: Literal["drop", "extra"] = "drop"
+    # every segment the policy generated trains ("extra": a sample of its own, same group)
+    side_segments: Literal["drop", "extra"] = "extra"
+    rewritten_segments: Literal["drop", "extra"] = "extra"
     # a multi-step task: the later steps' own sequences ("extra": one more sample each)
-    step_segments: Literal["drop", "extra"] = "drop"
+    step_segments: Literal["drop", "extra"] = "extra"
     invalid_reward: float = 0.0
     mask_invalid: bool = True
+    invalid_groups: InvalidGroupPolicy = "mask_group"  # trialflow.verl.groups
+    overlong_filter: bool = False  # mask trials that ended at the token budget (DAPO)
     routed_experts: tuple[int, int] | None = None  # (layers, top_k) when router replay is on
     settings: dict[str, Any] = Field(default_factory=dict)  # TrialflowSettings overrides
+
+
+def trainer_kind(config: Any) -> Literal["v1", "classic", "fully_async"]:
+    """Which verl trainer drives the loop (``trainer.use_v1`` is verl 0.9.1's default)."""
+    if config.get("async_training") is not None:
+        return "fully_async"
+    return "v1" if bool(config.get("trainer", {}).get("use_v1", True)) else "classic"
+
+
+def check_trainer(config: Any, loop: LoopConfig) -> None:
+    """Refuse, before any trial runs, a verl trainer that cannot train what ``loop`` makes."""
+    kind = trainer_kind(config)
+    if kind == "fully_async":
+        raise UnsupportedTrainer(
+            "verl's fully-async trainer (async_training) is not supported: its rollouter uses its own "
+            "agent-loop manager, whose rows carry no step/rollout identity, and its own checkpoint "
+            "manager, which announces no weight versions. Use verl's v1 trainer instead "
+            "(trainer.use_v1=true, trainer.v1.trainer_mode=separate_async or colocate_async for "
+            "asynchronous training)."
+        )
+    extra = [
+        k for k in ("side_segments", "rewritten_segments", "step_segments") if getattr(loop, k) == "extra"
+    ]
+    if kind == "classic" and extra:
+        raise UnsupportedTrainer(
+            f"verl's classic trainer (trainer.use_v1=false) takes one sample per input row "
+            f"(RayPPOTrainer.fit unions the rollout output with the input batch), so {', '.join(extra)}: "
+            "extra cannot give those segments samples of their own. Use verl's v1 trainer "
+            "(trainer.use_v1=true, verl's default), or set "
+            + ", ".join(f"{k}: drop" for k in extra)
+            + " in the agent-loop YAML to train only each trial's first segment (what is dropped "
+            "is counted in the step metrics, trialflow/tokens/dropped/*)."
+        )
 
 
 @dataclass(frozen=True)
@@ -210,13 +271,86 @@ def stamp_identity(non_tensor_batch: dict[str, np.ndarray], meta_info: dict[str,
     non_tensor_batch[STAMP_PREFIX + "rollouts"] = np.full(n, int(group.max()) if n else 1, dtype=np.int64)
 
 
+def _loop_configs(config: Any) -> list[LoopConfig]:
+    """Our entries in the agent-loop YAML verl's workers will load."""
+    path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
+    if not path:
+        return []
+    entries: Any = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    ours = [e for e in entries or [] if str(e.get("_target_", "")).endswith(".TemporalAgentLoop")]
+    return [
+        LoopConfig.model_validate({k: v for k, v in e.items() if k in LoopConfig.model_fields}) for e in ours
+    ]
+
+
 class TemporalAgentLoopManager(AgentLoopManager):
-    """verl's ``AgentLoopManager`` that stamps each row's trial identity first."""
+    """verl's classic ``AgentLoopManager`` (``trainer.use_v1=false``): stamps each row's trial
+    identity first, and afterwards applies the group policy over the whole step batch
+    (`trialflow.verl.groups`) and adds the step's `signal.step_metrics` to the timing
+    metrics verl logs (``timing_s/trialflow/...``: the one dict of the classic trainer's
+    step that the manager's output reaches)."""
+
+    def __init__(self, config, *args: Any, **kwargs: Any) -> None:
+        if trainer_kind(config) != "classic":
+            raise UnsupportedTrainer(
+                "TemporalAgentLoopManager is for verl's classic trainer (trainer.use_v1=false); under "
+                "verl's v1 trainer leave actor_rollout_ref.rollout.agent.agent_loop_manager_class unset "
+                "(v1's own AgentLoopManagerTQ passes every sample's identity)"
+            )
+        self.trialflow_loops = _loop_configs(config)
+        for loop in self.trialflow_loops:
+            check_trainer(config, loop)
+        super().__init__(config, *args, **kwargs)
 
     @auto_await
     async def generate_sequences(self, prompts):
         stamp_identity(prompts.non_tensor_batch, prompts.meta_info)
-        return await super().generate_sequences(prompts)
+        output = await super().generate_sequences(prompts)
+        policy = self.trialflow_loops[0].invalid_groups if self.trialflow_loops else "mask_group"
+        if policy == "mask_group":
+            apply_group_mask(output, prompts.non_tensor_batch.get("uid"))
+        output.meta_info.setdefault("timing", {}).update(step_metrics(r for r in _rows(output) if r))
+        return output
+
+
+# The per-sample columns the step's accounting reads (extra_fields keys of convert.extra_fields).
+_ACCOUNTING = (
+    "trial_id",
+    "reward_valid",
+    "termination_reason",
+    "policy_tokens",
+    "trained_tokens",
+    "masked",
+    "masked_by",
+    "overlong",
+    "dropped_tokens",
+)
+
+
+def _rows(output: Any) -> list[dict[str, Any] | None]:
+    """Each row's accounting fields; None for a row no trial made (another agent loop)."""
+    nt = output.non_tensor_batch
+    if "trial_id" not in nt:
+        return [None] * len(output)
+    return [
+        {k: nt[k][i] for k in _ACCOUNTING} if nt["trial_id"][i] is not None else None
+        for i in range(len(output))
+    ]
+
+
+def apply_group_mask(output: Any, uids: Any) -> None:
+    """``mask_group`` over verl's classic output batch, in place: every row of a group
+    (rows with an equal ``uid``) with an invalid member gets an all-zero response mask."""
+    rows = _rows(output)
+    keys = list(uids) if uids is not None else list(range(len(rows)))
+    valid = [r is None or bool(r["reward_valid"]) for r in rows]
+    nt, mask = output.non_tensor_batch, output.batch["response_mask"]
+    for i, spoiled in enumerate(groups_to_mask(keys, valid)):
+        if spoiled and rows[i] is not None:
+            mask[i] = 0
+            nt["masked"][i] = True
+            nt["masked_by"][i] = nt["masked_by"][i] or "invalid_group"
+            nt["trained_tokens"][i] = 0
 
 
 async def verl_replica_urls(server_manager: Any) -> list[str]:
@@ -233,6 +367,14 @@ async def verl_replica_urls(server_manager: Any) -> list[str]:
 
 
 _clients: dict[tuple[str, str, int], Client] = {}
+_gates: dict[int, GroupGate] = {}
+
+
+def _gate() -> GroupGate:
+    # one gate per event loop: a prompt's sessions all run on the v1 worker's loop
+    return _gates.setdefault(id(asyncio.get_running_loop()), GroupGate())
+
+
 _stores: dict[str, ResultStore] = {}
 
 
@@ -283,6 +425,7 @@ class TemporalAgentLoop(AgentLoopBase):
         if ignored:
             log.warning("TemporalAgentLoop ignores unknown config keys %s", ignored)
         self.loop_config = LoopConfig.model_validate(ours)
+        check_trainer(self.config, self.loop_config)
         self.settings = load_settings(**self.loop_config.settings)
         rollout = self.rollout_config
         self.convert_config = ConvertConfig(
@@ -297,6 +440,7 @@ class TemporalAgentLoop(AgentLoopBase):
             steps=self.loop_config.step_segments,
             invalid_reward=self.loop_config.invalid_reward,
             mask_invalid=self.loop_config.mask_invalid,
+            overlong_filter=self.loop_config.overlong_filter,
         )
 
     def _run_name(self) -> str:
@@ -354,7 +498,33 @@ class TemporalAgentLoop(AgentLoopBase):
     async def run(  # type: ignore[override]
         self, sampling_params: dict[str, Any], **kwargs: Any
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
-        spec = await self.build_spec(sampling_params, kwargs)
+        # verl's v1 worker: the prompt's sessions meet in the gate (joined before any await);
+        # the classic manager masks groups over the whole batch instead.
+        member = self._join_group(kwargs)
+        try:
+            spec = await self.build_spec(sampling_params, kwargs)
+            trial = await self._run_trial(spec)
+            converted, metrics = self._convert(trial, bool(sampling_params.get("logprobs", True)))
+            if member is not None and not await member.settle(trial.result.reward_valid):
+                for sample in converted.samples:
+                    sample.mask_out("invalid_group")
+        except BaseException:
+            if member is not None:
+                member.abandon()
+            raise
+        outputs = [self._output(converted, s, trial, metrics) for s in converted.samples]
+        return outputs if len(outputs) > 1 else outputs[0]
+
+    def _join_group(self, kwargs: dict[str, Any]) -> GroupMember | None:
+        """verl's v1 worker's rows (``session_id`` and ``uid``, no classic stamp) join the gate."""
+        if self.loop_config.invalid_groups != "mask_group" or f"{STAMP_PREFIX}step" in kwargs:
+            return None
+        if "session_id" not in kwargs or "uid" not in kwargs:
+            return None
+        return _gate().join(str(kwargs["uid"]))
+
+    async def _run_trial(self, spec: TrialSpec) -> StepTrial:
+        """The trial as a batch of one, its result and trajectory read back (all the I/O)."""
         cfg = self.loop_config
         policy = StragglerPolicy(deadline_s=cfg.trial_timeout_s, cancel_wait_s=cfg.cancel_wait_s)
         step = await run_step(
@@ -367,17 +537,26 @@ class TemporalAgentLoop(AgentLoopBase):
         trial = step.trials[0]
         if trial.load_error:
             log.warning("trial %s: trajectory not read (%s)", spec.trial_id, trial.load_error)
+        return trial
+
+    def _convert(self, trial: StepTrial, logprobs: bool) -> tuple[ConvertedTrial, AgentLoopMetrics]:
         config = self.convert_config
-        if not sampling_params.get("logprobs", True):
+        if not logprobs:
             config = ConvertConfig(**{**config.__dict__, "with_logprobs": False})
         steps = trial.step_trajectories if trial.result.step_results else None  # a multi-step task
         converted = convert_trial(trial.trajectory, trial.result, config, steps)
+        for sample in converted.samples:
+            # verl's v1 metrics read every sample's versions as ints; a sample whose segment
+            # recorded none (a placeholder, a turn without a version) ran under its trial's
+            if sample.policy_version_min is None and trial.spec.policy_version is not None:
+                sample.policy_version_min = sample.policy_version_max = trial.spec.policy_version
         metrics = AgentLoopMetrics(**loop_metrics(trial.trajectory, trial.result, steps or ()))
-        outputs = [self._output(converted, s, trial, metrics) for s in converted.samples]
-        return outputs if len(outputs) > 1 else outputs[0]
+        return converted, metrics
 
     @staticmethod
-    def _output(converted: ConvertedTrial, sample, trial, metrics: AgentLoopMetrics) -> AgentLoopOutput:
+    def _output(
+        converted: ConvertedTrial, sample: LoopSample, trial: StepTrial, metrics: AgentLoopMetrics
+    ) -> AgentLoopOutput:
         fields = extra_fields(converted, sample, trial.result)
         fields["trial_cancelled"] = trial.cancelled
         fields["trajectory_error"] = trial.load_error

@@ -10,10 +10,12 @@ Which segment is trained on
 - ``rewritten`` main segments (the scaffold rewrote its history, e.g. compaction, so the
   proxy opened a new sequence) and ``side`` segments (sub-agents, title/summary calls)
   are each a complete, token-exact sequence of their own. `ConvertConfig.rewritten` and
-  `ConvertConfig.side` say per kind: ``"drop"`` (default) or ``"extra"`` (an extra sample
-  with the trial's reward). verl's classic ``AgentLoopWorker`` takes ONE output per
-  sample, so extras only reach training through verl's v1 (TransferQueue) worker, which
-  accepts a list (the agent loop returns ``[*extras, primary]``: verl scores the last).
+  `ConvertConfig.side` say per kind: ``"extra"`` (default: an extra sample with the
+  trial's reward, so every token the policy generated trains) or ``"drop"``. verl's
+  classic ``AgentLoopWorker`` takes ONE output per sample, so extras only reach training
+  through verl's v1 (TransferQueue) worker, which accepts a list (the agent loop returns
+  ``[*extras, primary]``: verl scores the last); the agent loop refuses ``extra`` under
+  the classic trainer at start-up (`trialflow.verl.agent_loop`).
 - no main segment at all (e.g. the ``oracle``/``nop`` scaffolds never call the model, or
   the scaffold died before its first turn): the primary is a one-token placeholder
   (``filler_token_id``) with an all-zero mask, flagged ``empty``.
@@ -25,13 +27,26 @@ on longer inputs)
   logprob 0.0). The model input (prompt + response) is unchanged, so logprobs and
   routed experts stay aligned; only the response budget shrinks (``prompt_spill``).
 - a response longer than the budget is cut (``overlong``); masks, logprobs and experts
-  are cut with it.
+  are cut with it, and the sample is masked out (``masked_by="cut"``): the trial's reward
+  belongs to the whole response, never to a cut prefix. (The proxy session enforces the
+  same budget, so a trial normally ends ``overlong`` before anything needs cutting.)
 
 Rewards and masks
 - ``reward_score`` is the verifier's reward when ``result.reward_valid``, else
   ``invalid_reward``. With ``mask_invalid`` (default) an invalid trial (infra error,
   verifier error, cancelled) also gets an all-zero ``response_mask`` so that a broken
-  environment never looks like a model failure to the policy gradient.
+  environment never looks like a model failure to the policy gradient. Masking the member
+  is not enough for group estimators (GRPO's mean/std would still count its
+  ``invalid_reward``): `trialflow.verl.groups` masks the whole group around it.
+- ``overlong_filter`` (DAPO's overlong filtering): a trial that ended ``overlong`` (it hit
+  the token budget) is masked out too (``masked_by="overlong_filter"``); off by default,
+  when such a trial is graded on what it did.
+
+Token accounting (`LoopSample.policy_tokens`, `ConvertedTrial.dropped`): every token the
+policy generated is either in a sample's ``response_mask`` or counted under the cause
+that kept it out (``segment_dropped``, ``cut``, ``invalid``, ``overlong_filter``; the
+group policy adds ``invalid_group``); `trialflow.verl.signal` folds these into verl's
+step metrics.
 
 Routed experts (R3)
 - the trajectory keeps ``[len(prompt) + len(response), layers, top_k]`` per segment with a
@@ -48,9 +63,12 @@ so each step's trajectory is a sequence of its own (no step's tokens were in ano
 context). `convert_trial` takes them as ``steps`` (in step order, None for a step without
 one): the primary is the first step's primary segment (or the next step's, when a step has
 none); every other step's primary segment is a sample of kind ``step`` under
-`ConvertConfig.steps` (``"drop"`` default, ``"extra"``); side/rewritten segments of every
+`ConvertConfig.steps` (``"extra"`` default, ``"drop"``); side/rewritten segments of every
 step follow their own policies. Every sample carries the trial's combined reward (Harbor's
-`multi_step_reward_strategy`); ``extra_fields`` name the sample's step and every step's reward.
+`multi_step_reward_strategy`): verl's v1 worker gives every output of one agent-loop run
+the last output's reward (``agent_loop_tq.py``, ``_agent_loop_postprocess``), so a step's
+own reward cannot reach verl as that step's score; ``extra_fields`` name the sample's step
+and every step's reward.
 
 Policy versions: ``min_global_steps`` / ``max_global_steps`` (verl's own extra-field keys,
 used for staleness filtering) come from the segment's ``policy_version_min/max``.
@@ -68,6 +86,8 @@ from proxy.trajectory import Segment, Trajectory, experts_sentinel
 from workflows.shared import TrialResult
 
 SegmentPolicy = Literal["drop", "extra"]
+# Why policy tokens did not reach the loss (see the module docstring).
+MaskCause = Literal["cut", "invalid", "overlong_filter", "invalid_group"]
 
 
 class ConversionError(ValueError):
@@ -84,11 +104,12 @@ class ConvertConfig:
     filler_token_id: int = 0
     with_logprobs: bool = True
     experts_shape: tuple[int, int] | None = None
-    side: SegmentPolicy = "drop"
-    rewritten: SegmentPolicy = "drop"
-    steps: SegmentPolicy = "drop"  # a multi-step task's later steps' primary segments
+    side: SegmentPolicy = "extra"
+    rewritten: SegmentPolicy = "extra"
+    steps: SegmentPolicy = "extra"  # a multi-step task's later steps' primary segments
     invalid_reward: float = 0.0
     mask_invalid: bool = True
+    overlong_filter: bool = False  # mask trials that ended at the token budget (DAPO)
 
     def __post_init__(self) -> None:
         if self.prompt_length < 1 or self.response_length < 1:
@@ -111,6 +132,19 @@ class LoopSample:
     policy_version_min: int | None = None
     policy_version_max: int | None = None
     step: str | None = None  # a multi-step task's step the segment belongs to
+    policy_tokens: int = 0  # tokens the policy generated in this sample's segment
+    masked_by: MaskCause | None = None  # why the whole response is masked out, if it is
+
+    @property
+    def trained_tokens(self) -> int:
+        """Policy tokens of this sample that reach the loss (mask 1)."""
+        return sum(self.response_mask)
+
+    def mask_out(self, cause: MaskCause) -> None:
+        """Mask the whole response (first cause wins: it is the one that decided)."""
+        self.response_mask = [0] * len(self.response_mask)
+        if self.masked_by is None:
+            self.masked_by = cause
 
     def output_fields(self) -> dict[str, Any]:
         """Keyword arguments for ``AgentLoopOutput`` (token fields only)."""
@@ -129,6 +163,8 @@ class ConvertedTrial:
     extras: list[LoopSample] = field(default_factory=list)
     reward_score: float = 0.0
     masked: bool = False  # the whole trial was masked out (invalid reward)
+    # policy tokens of segments that became no sample (their policy is "drop"), by kind
+    dropped: dict[str, int] = field(default_factory=dict)
 
     @property
     def samples(self) -> list[LoopSample]:
@@ -147,7 +183,11 @@ def convert_trial(
     ``trajectory`` is not used."""
     valid = result.reward_valid
     reward = float(result.reward) if valid else config.invalid_reward
-    masked = config.mask_invalid and not valid
+    cause: MaskCause | None = None
+    if config.mask_invalid and not valid:
+        cause = "invalid"
+    elif config.overlong_filter and result.termination_reason == "overlong":
+        cause = "overlong_filter"
     if steps is not None and result.step_results:
         names: list[str | None] = [s.name for s in result.step_results]
         parts = list(zip(names, steps, strict=True))
@@ -155,22 +195,26 @@ def convert_trial(
         parts = [(None, trajectory)]
     primary: LoopSample | None = None
     extras = []
+    dropped: dict[str, int] = {}
     for step, traj in parts:
         segments = traj.segments if traj is not None else []
         main = _primary_index(segments)
         for i, seg in enumerate(segments):
-            if i == main:
-                if primary is None:
-                    primary = _sample(seg, i, "main", config, masked, step)
-                elif config.steps == "extra":
-                    extras.append(_sample(seg, i, "step", config, masked, step))
+            if i == main and primary is None:
+                primary = _sample(seg, i, "main", config, cause, step)
                 continue
-            kind = "side" if seg.kind == "side" else "rewritten"
-            policy = config.side if kind == "side" else config.rewritten
+            kind = "step" if i == main else "side" if seg.kind == "side" else "rewritten"
+            policy = {"step": config.steps, "side": config.side, "rewritten": config.rewritten}[kind]
             if policy == "extra":
-                extras.append(_sample(seg, i, kind, config, masked, step))
+                extras.append(_sample(seg, i, kind, config, cause, step))
+            else:
+                dropped[kind] = dropped.get(kind, 0) + sum(seg.response_mask)
     return ConvertedTrial(
-        primary=primary or _empty_sample(config), extras=extras, reward_score=reward, masked=masked
+        primary=primary or _empty_sample(config),
+        extras=extras,
+        reward_score=reward,
+        masked=cause == "invalid",
+        dropped=dropped,
     )
 
 
@@ -183,7 +227,7 @@ def _primary_index(segments: list[Segment]) -> int | None:
 
 
 def _sample(
-    seg: Segment, index: int, kind: str, config: ConvertConfig, masked: bool, step: str | None = None
+    seg: Segment, index: int, kind: str, config: ConvertConfig, cause: MaskCause | None, step: str | None
 ) -> LoopSample:
     # The segment holds typed arrays (proxy.trajectory); verl's AgentLoopOutput wants lists.
     prompt = seg.prompt_ids.tolist()
@@ -203,10 +247,10 @@ def _sample(
         logprobs = [0.0] * spill + logprobs
     overlong = len(response) > config.response_length
     response = response[: config.response_length]
-    mask = [0] * len(response) if masked else mask[: config.response_length]
+    mask = mask[: config.response_length]
     logprobs = logprobs[: config.response_length]
     experts = _experts(seg, index, len(prompt) + len(response), config)
-    return LoopSample(
+    sample = LoopSample(
         prompt_ids=prompt,
         response_ids=response,
         response_mask=mask,
@@ -219,7 +263,13 @@ def _sample(
         policy_version_min=seg.policy_version_min,
         policy_version_max=seg.policy_version_max,
         step=step,
+        policy_tokens=sum(seg.response_mask),
     )
+    if cause is not None:
+        sample.mask_out(cause)
+    elif overlong:
+        sample.mask_out("cut")
+    return sample
 
 
 def _experts(seg: Segment, index: int, n_tokens: int, config: ConvertConfig) -> np.ndarray | None:
@@ -297,7 +347,13 @@ def extra_fields(converted: ConvertedTrial, sample: LoopSample, result: TrialRes
         "rewrites_template": result.rewrites_template,
         "segment": sample.segment,
         "segment_kind": sample.kind,
-        "masked": converted.masked or sample.kind == "empty",
+        "masked": sample.masked_by is not None or sample.kind == "empty",
+        "masked_by": sample.masked_by,
+        "policy_tokens": sample.policy_tokens,
+        "trained_tokens": sample.trained_tokens,
+        # policy tokens of segments this trial gave no sample (kind -> tokens); the primary
+        # carries them so that a step's sum counts every trial once
+        "dropped_tokens": dict(converted.dropped) if sample is converted.primary else {},
         "overlong": sample.overlong,
         "prompt_spill": sample.prompt_spill,
         # a multi-step trial: the sample's step and each step's reward (None: invalid)
@@ -307,6 +363,9 @@ def extra_fields(converted: ConvertedTrial, sample: LoopSample, result: TrialRes
         "max_global_steps": sample.policy_version_max,
         "turn_scores": [],
         "tool_rewards": [],
+        # verl's v1 worker copies the last output's reward_extra_info onto every other
+        # output of the run (agent_loop_tq.py) and fails without it; the reward is ours
+        "reward_extra_info": {},
     }
 
 
