@@ -31,7 +31,6 @@ from trialflow.verl.agent_loop import (
     apply_group_mask,
     check_trainer,
 )
-from trialflow.verl.convert import ConvertConfig, convert_trial
 from trialflow.verl.groups import GroupGate, groups_to_mask
 from trialflow.verl.signal import step_metrics
 from trialflow.verl.step_batch import StepTrial
