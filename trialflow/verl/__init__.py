@@ -17,6 +17,7 @@ from trialflow.verl.convert import (
     extra_fields,
     loop_metrics,
 )
+from trialflow.verl.signal import step_metrics
 from trialflow.verl.step_batch import StepBatch, StepTrial, StragglerPolicy, load_trajectory, run_step
 
 _AGENT_LOOP = {
@@ -27,6 +28,8 @@ _AGENT_LOOP = {
     "TemporalAgentLoopManager",
     "TrialIdentityError",
     "TrialRow",
+    "UnsupportedTrainer",
+    "check_trainer",
     "resolve_identity",
     "stamp_identity",
     "verl_replica_urls",
@@ -45,6 +48,7 @@ __all__ = [
     "load_trajectory",
     "loop_metrics",
     "run_step",
+    "step_metrics",
     *sorted(_AGENT_LOOP),
 ]
 
