@@ -291,16 +291,22 @@ class TemporalAgentLoopManager(AgentLoopManager):
     step that the manager's output reaches)."""
 
     def __init__(self, config, *args: Any, **kwargs: Any) -> None:
+        self.trialflow_loops = self.check_config(config)
+        super().__init__(config, *args, **kwargs)
+
+    @staticmethod
+    def check_config(config: Any) -> list[LoopConfig]:
+        """Refuse a configuration this manager cannot serve; our loops' configs otherwise."""
         if trainer_kind(config) != "classic":
             raise UnsupportedTrainer(
                 "TemporalAgentLoopManager is for verl's classic trainer (trainer.use_v1=false); under "
                 "verl's v1 trainer leave actor_rollout_ref.rollout.agent.agent_loop_manager_class unset "
                 "(v1's own AgentLoopManagerTQ passes every sample's identity)"
             )
-        self.trialflow_loops = _loop_configs(config)
-        for loop in self.trialflow_loops:
+        loops = _loop_configs(config)
+        for loop in loops:
             check_trainer(config, loop)
-        super().__init__(config, *args, **kwargs)
+        return loops
 
     @auto_await
     async def generate_sequences(self, prompts):
