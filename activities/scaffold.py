@@ -9,6 +9,9 @@ for the oracle) with a session of its own under the step's keys (``.../steps/{ke
 
 Outcomes vs failures:
 - agent timeout       -> outcome "timeout" (the workflow verifies anyway)
+- token budget        -> `ScaffoldInput.max_context_tokens` / `max_response_tokens` (the trainer's
+  sample budget) become the session's limits, and the session ends the agent's turns at the
+  first overlong turn (`SessionConfig.overlong_ends_session`): outcome "overlong", verified
 - turn limit reached  -> outcome "max_turns" (the agent's own: `ScaffoldResult.stop_reason`; the
   session's, `Scaffold.session_max_turns`: the proxy refused a turn; verified anyway)
 - non-zero exit       -> outcome "scaffold_error" with `error` set (verified anyway)
@@ -256,8 +259,14 @@ class ScaffoldActivities:
             )
         # The spec's sampling was validated when it was made (workflows.shared.Sampling).
         config = self._proxy.defaults
+        budget = inp.max_context_tokens is not None or inp.max_response_tokens is not None
         config = replace(
             config,
+            # the trainer's token budget: the smaller bound wins; a trial with one ends at its
+            # first overlong turn (proxy.session)
+            max_context_tokens=_smaller(inp.max_context_tokens, config.max_context_tokens),
+            max_response_tokens=_smaller(inp.max_response_tokens, config.max_response_tokens),
+            overlong_ends_session=budget or config.overlong_ends_session,
             model=model or config.model,
             sampling=replace(config.sampling, **inp.sampling.overrides()),
             replicas=tuple(inp.replicas or config.replicas),
@@ -326,6 +335,11 @@ class _LiveBeat:
             activity.heartbeat(self.beat())
         except Exception as err:  # noqa: BLE001 - e.g. called outside the activity's context
             log.debug("scaffold heartbeat not sent: %s", err)
+
+
+def _smaller(a: int | None, b: int | None) -> int | None:
+    """The smaller of two optional bounds (None: no bound)."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def live_counts(stats: SessionStats) -> dict[str, int]:

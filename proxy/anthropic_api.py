@@ -521,6 +521,7 @@ _TYPE_NAMES = {
     "not_found": "not_found_error",
     "request_too_large": "request_too_large",
     "turn_limit_reached": "invalid_request_error",
+    "budget_spent": "invalid_request_error",
 }
 
 

@@ -7,6 +7,7 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
     │   ├── InvalidRequest [400]       malformed body, wrong types, unsupported content (images)
     │   │   ├── ContextExhausted [400] prompt (+ max_tokens) does not fit the context window
     │   │   ├── TurnLimitReached [400] the session's turn limit (``SessionConfig.max_turns``) is spent
+    │   │   ├── BudgetSpent [400]      the trial's token budget ended its agent turns (``overlong_ends_session``)
     │   │   └── ReplayDiverged [400]   a record-only replay got a request its record cannot answer
     │   ├── NotFound [404]             unknown session, secret or route
     │   ├── RequestTimeout [408]       the body did not arrive within the server's read timeout
@@ -17,7 +18,8 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
         └── GenerationAborted [503]    a generation was aborted and could not be resumed
 
 ``ProtocolError`` subclasses carry a neutral ``error_type`` (``invalid_request``,
-``not_found``, ``request_too_large``, ``context_exhausted``, ``turn_limit_reached``) that the
+``not_found``, ``request_too_large``, ``context_exhausted``, ``turn_limit_reached``,
+``budget_spent``) that the
 protocol modules map to their own type names. ``BackendError`` is retryable from the
 client's point of view: both official SDKs retry 409 and 5xx/529 answers on their own.
 
@@ -29,7 +31,12 @@ from __future__ import annotations
 from typing import Literal
 
 ErrorType = Literal[
-    "invalid_request", "not_found", "request_too_large", "context_exhausted", "turn_limit_reached"
+    "invalid_request",
+    "not_found",
+    "request_too_large",
+    "context_exhausted",
+    "turn_limit_reached",
+    "budget_spent",
 ]
 
 
@@ -94,6 +101,24 @@ class TurnLimitReached(InvalidRequest):
         )
         self.error_type = "turn_limit_reached"
         self.max_turns = max_turns
+
+
+class BudgetSpent(InvalidRequest):
+    """The session's sequence reached the trial's token budget at an earlier turn (a turn refused
+    as too long, or cut at the budget), and the session ends the agent's turns there
+    (``SessionConfig.overlong_ends_session``): nothing the agent does after the trained sequence
+    ends may change the outcome it is graded on. A 400, which no client retries; the wording
+    avoids what clients match as an exhausted context (see ``TurnLimitReached``), so the agent
+    stops instead of compacting and trying again."""
+
+    def __init__(self, max_tokens: int | None) -> None:
+        budget = f"{max_tokens}-token budget" if max_tokens is not None else "token budget"
+        super().__init__(
+            f"token budget spent: this session's sequence already used its {budget}; "
+            "no further agent turns are served"
+        )
+        self.error_type = "budget_spent"
+        self.max_tokens = max_tokens
 
 
 class ReplayDiverged(InvalidRequest):

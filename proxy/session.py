@@ -24,12 +24,32 @@ Rules and edge cases:
   bounds (None = no bound from that side).
 - ``max_tokens`` < 1 or an empty stop string: ``InvalidRequest`` (400) before anything runs
   (vLLM would reject them; that must not surface as a backend error).
-- No context left (prompt >= the context limit, see ``SessionConfig``): ``ContextExhausted`` (400),
+- The limit of a turn is the smaller of the context window (``SessionConfig.max_context_tokens``,
+  the replicas' ``max_model_len``) and, with ``max_response_tokens``, the turn's segment's first
+  prompt plus that many tokens. This is how a trainer's sample budget is kept (verl trains
+  ``rollout.prompt_length`` + ``rollout.response_length`` tokens per sample; the trial spec sets
+  ``max_context_tokens`` to their sum and ``max_response_tokens`` to the latter): a segment is
+  one sample, prompt + every token after it (the model's and the tool outputs that came back as
+  later prompt tokens), and a turn's prompt is the whole segment so far, so the segment stays
+  within the limit as long as every turn's prompt + max_tokens does. The first prompt counts
+  in full: its part over ``prompt_length`` moves into verl's response (mask 0), which is why the
+  total and the response each have a bound (both hold exactly when the segment's sample fits).
+  A turn is refused only when its prompt alone leaves no token (prompt >= limit), never for the
+  client's ``max_tokens``: that is capped at the limit - prompt (both protocols allow a shorter
+  answer, ``stop_reason`` "max_tokens" / ``finish_reason`` "length"), and such a cut turn is
+  ``overlong`` (``TurnRecord.overlong``).
+- No context left (prompt >= the turn's limit): ``ContextExhausted`` (400),
   ``counters.overlong`` += 1 and ``overlong`` is set; nothing else is recorded. A prompt that
   certainly reaches the limit is refused so before it is encoded (``tracker.prepare``'s budget,
   proxy.tokenization rule 6), with its lower bound as N in "prompt is too long: N tokens": a
   body of several MiB over the context answers in milliseconds, not after seconds of encoding.
   Not in replay mode (a recorded turn skips the context check).
+- ``SessionConfig.overlong_ends_session`` (trials with a token budget): once the trajectory is
+  overlong (a turn refused or cut at its limit), every later *agent turn* (below) is refused
+  with ``BudgetSpent`` (400) before anything is generated: the sample the trainer gets ends
+  there, so nothing the agent does after it (compacting and going on in a new segment the
+  trainer drops) may change the outcome its reward is graded on. Tool-less side calls are
+  still served, as at the turn limit.
 - A failed turn (backend error, parse of the request) commits nothing; what was recorded
   before stays. Tokens are recorded as soon as the backend returns, even if the client has
   gone away (the server runs the turn as its own task).
@@ -66,6 +86,7 @@ from proxy.backend import CompletionRequest
 from proxy.chat import ChatRequest, FinishReason, SamplingParams, TurnOutcome
 from proxy.checkpoint import CheckpointSink
 from proxy.errors import (
+    BudgetSpent,
     ContextExhausted,
     InvalidRequest,
     NotFound,
@@ -113,6 +134,9 @@ class SessionConfig:
     ``max_context_tokens`` None means the replicas' ``max_model_len``; a larger value than
     theirs is lowered to it (a prompt the backend cannot take must fail as
     ``ContextExhausted``, not as a backend 400).
+    ``max_response_tokens`` None: no bound per segment; else a segment holds at most its first
+    prompt plus that many tokens (module docstring). ``overlong_ends_session``: the first
+    overlong turn ends the agent's turns (``BudgetSpent``; module docstring).
     ``template_kwargs`` go to every chat-template render (e.g. ``enable_thinking``).
     ``max_turns`` None: no turn limit; else the agent turns the session serves (module docstring).
     """
@@ -120,6 +144,8 @@ class SessionConfig:
     model: str = "default"
     sampling: SamplingParams = SamplingParams()
     max_context_tokens: int | None = None
+    max_response_tokens: int | None = None
+    overlong_ends_session: bool = False
     replicas: tuple[str, ...] = ()
     reasoning_parser: str | None = "auto"
     tool_parser: str | None = "auto"
@@ -151,6 +177,8 @@ class SessionConfig:
             "model",
             "sampling",
             "max_context_tokens",
+            "max_response_tokens",
+            "overlong_ends_session",
             "replicas",
             "metadata",
             "reasoning_parser",
@@ -181,10 +209,14 @@ class SessionConfig:
                     raise TypeError(f"sampling.{k} must be an integer")
             out = replace(out, sampling=replace(out.sampling, **s))
         if "max_context_tokens" in body:
-            n = _typed(body["max_context_tokens"], int, "max_context_tokens")
-            if n <= 0:
-                raise ValueError("max_context_tokens must be positive")
-            out = replace(out, max_context_tokens=n)
+            out = replace(out, max_context_tokens=_positive(body, "max_context_tokens"))
+        if "max_response_tokens" in body:
+            out = replace(out, max_response_tokens=_positive(body, "max_response_tokens"))
+        if "overlong_ends_session" in body:
+            out = replace(
+                out,
+                overlong_ends_session=_typed(body["overlong_ends_session"], bool, "overlong_ends_session"),
+            )
         if "replicas" in body:
             urls = _typed(body["replicas"], list, "replicas")
             out = replace(out, replicas=tuple(_typed(u, str, "replicas[]") for u in urls))
@@ -228,6 +260,14 @@ def _typed(value: object, kind: type[_T], name: str) -> _T:
     if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
         raise TypeError(f"{name} must be of type {kind.__name__}")
     return value
+
+
+def _positive(body: Mapping[str, Any], key: str) -> int:
+    """``body[key]`` as a positive integer."""
+    n = _typed(body[key], int, key)
+    if n <= 0:
+        raise ValueError(f"{key} must be positive")
+    return n
 
 
 def _optional_name(body: Mapping[str, Any], key: str) -> str | None:
@@ -393,11 +433,28 @@ class Session:
         raise ContextExhausted(prompt_tokens, limit)
 
     def _check_turn_limit(self, counts: bool) -> None:
-        """Refuse an agent turn (``counts``) once ``config.max_turns`` of them are committed."""
+        """Refuse an agent turn (``counts``) once ``config.max_turns`` of them are committed, or
+        once the trajectory is overlong in a session that ends there (module docstring)."""
+        if not counts:
+            return
         limit = self.config.max_turns
-        if counts and limit is not None and self.agent_turns >= limit:
+        if limit is not None and self.agent_turns >= limit:
             self.trajectory.note_turn_limited()
             raise TurnLimitReached(limit)
+        if self.config.overlong_ends_session and self.trajectory.counters.overlong:
+            raise BudgetSpent(self.config.max_context_tokens)
+
+    def _segment_limit(self, prepared: PreparedTurn, context: int) -> int:
+        """The turn's limit: ``context``, or less where ``max_response_tokens`` bounds the
+        segment to its first prompt plus that many tokens (module docstring)."""
+        per_segment = self.config.max_response_tokens
+        if per_segment is None:
+            return context
+        if prepared.extends:
+            first = len(self.trajectory.segments[prepared.segment_index].prompt_ids)
+        else:
+            first = len(prepared.prompt_ids)
+        return min(context, first + per_segment)
 
     async def _generate(
         self,
@@ -407,7 +464,7 @@ class Session:
         new_tool_call_id: Callable[[], str] | None,
     ) -> TurnOutcome:
         prompt_len = len(prepared.prompt_ids)
-        limit = await self._context_limit()
+        limit = self._segment_limit(prepared, await self._context_limit())
         left = limit - prompt_len
         if left <= 0:
             self._refuse_overlong(prompt_len, limit)

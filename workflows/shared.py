@@ -121,6 +121,14 @@ class TrialSpec(BaseModel):
     means the worker's configured replica pool. `scaffold` is a registered name or an
     import path ``"my_pkg.my_mod:MyScaffold"`` (importable on the workers);
     `scaffold_options` go to its constructor (e.g. ``{"max_turns": 20}``; see each scaffold).
+
+    Token budget of the trainer (None: none; verl's loop sets both): `max_context_tokens` bounds
+    one trained sequence (a proxy segment: prompt + every later token, verl's
+    ``rollout.prompt_length + rollout.response_length``), `max_response_tokens` the tokens after
+    a segment's first prompt (``rollout.response_length``). The proxy session caps each turn's
+    ``max_tokens`` so the sequence stays within both, refuses a turn whose prompt alone leaves
+    no room, and with either set ends the agent's turns at the first overlong turn: the trial
+    ends "overlong" and is verified as the agent left it then (`proxy.session` docstring).
     """
 
     batch_id: str
@@ -134,6 +142,8 @@ class TrialSpec(BaseModel):
     model: str | None = None
     sampling: Sampling = Field(default_factory=Sampling)
     replicas: list[str] | None = None
+    max_context_tokens: int | None = Field(None, ge=1)
+    max_response_tokens: int | None = Field(None, ge=1)
     step: int | None = None  # RL step (verl); becomes the TrialStep search attribute
     # The weights version the replicas serve for this trial (verl: `SampleIdentity.policy_version`),
     # recorded in the trajectory unless the worker's proxy heard a newer weight sync.
@@ -381,6 +391,9 @@ class ScaffoldInput(BaseModel):
     # `TrialSpec.policy_version`: the session's version when the worker's proxy knows none
     # from the trainer's broadcast (activities.scaffold).
     policy_version: int | None = None
+    # `TrialSpec`'s token budget (None: none); the session's limits (activities.scaffold).
+    max_context_tokens: int | None = None
+    max_response_tokens: int | None = None
     # An earlier attempt of this trial (lost with its host) whose recorded turns the session
     # replays while the scaffold's requests match them (proxy.replay); None: all live.
     replay_from: AttemptRecord | None = None

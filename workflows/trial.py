@@ -379,6 +379,8 @@ class TrialWorkflow:
                 sampling=spec.sampling,
                 replicas=spec.replicas,
                 policy_version=spec.policy_version,
+                max_context_tokens=spec.max_context_tokens,
+                max_response_tokens=spec.max_response_tokens,
                 replay_from=replay_from,
                 step=step.name if step else None,
             ),

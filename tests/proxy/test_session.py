@@ -10,7 +10,7 @@ import pytest
 
 from proxy.chat import ChatRequest, SamplingParams
 from proxy.checkpoint import DirectorySink, MemorySink
-from proxy.errors import ContextExhausted, NotFound, ReplicaUnavailable, TurnLimitReached
+from proxy.errors import BudgetSpent, ContextExhausted, NotFound, ReplicaUnavailable, TurnLimitReached
 from proxy.session import Session, SessionConfig
 from proxy.trajectory import Trajectory
 from tests.doubles.scripted_vllm import Abort, Reply, ScriptedVLLM, fake_experts, fake_logprob
@@ -51,26 +51,21 @@ def _session(tok, dbl, **cfg) -> Session:
     return session
 
 
+def _after_call(messages: list, outcome, result: str = "a.txt b.txt") -> list:
+    """``messages`` + the assistant message echoing ``outcome``'s first tool call + its result."""
+    call = outcome.parsed.tool_calls[0]
+    echoed = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return messages + [
+        {"role": "assistant", "content": outcome.parsed.content, "tool_calls": [echoed]},
+        {"role": "tool", "tool_call_id": call.id, "content": result},
+    ]
+
+
 async def _two_turns(session: Session):
     """user -> tool call; tool result -> final text. Returns both outcomes and the messages."""
     m1 = [SYSTEM, {"role": "user", "content": "list files"}]
     o1 = await session.run_turn(_req(m1), new_tool_call_id=_ids())
-    call = o1.parsed.tool_calls[0]
-    m2 = m1 + [
-        {
-            "role": "assistant",
-            "content": o1.parsed.content,
-            "tool_calls": [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call.id, "content": "a.txt b.txt"},
-    ]
-    o2 = await session.run_turn(_req(m2), new_tool_call_id=_ids())
+    o2 = await session.run_turn(_req(_after_call(m1, o1)), new_tool_call_id=_ids())
     return o1, o2
 
 
@@ -419,3 +414,82 @@ def test_session_body_sets_max_turns():
     for bad, err in ((0, ValueError), ("3", TypeError), (True, TypeError)):
         with pytest.raises(err):
             SessionConfig().with_overrides({"max_turns": bad})
+
+
+async def _tool_loop_to_the_budget(s: Session, dbl: ScriptedVLLM) -> tuple[list, int]:
+    """Turn 1 (a tool call) fits; turn 2 (a long text) is cut at the segment's budget. Returns
+    the conversation as the client would continue it and the first prompt's length."""
+    m1 = [SYSTEM, {"role": "user", "content": "list files"}]
+    o1 = await s.run_turn(_req(m1), new_tool_call_id=_ids())
+    first = len(dbl.requests[0]["prompt"])
+    m2 = _after_call(m1, o1)
+    o2 = await s.run_turn(_req(m2, max_tokens=10_000), new_tool_call_id=_ids())
+    assert o2.finish_reason == "length"
+    m3 = m2 + [{"role": "assistant", "content": o2.parsed.content}, {"role": "user", "content": "go on"}]
+    return m3, first
+
+
+@pytest.mark.parametrize("ends", [False, True], ids=["refuses-turn", "ends-session"])
+async def test_the_segment_budget_caps_max_tokens_and_refuses_past_it(tok, ends):
+    """max_response_tokens R: a segment holds its first prompt P plus at most R tokens (the
+    model's and the tool outputs): the client's max_tokens is capped at P + R - prompt, the
+    cut turn is overlong, the next extension is refused as too long in the same 400 as the
+    context window's; with overlong_ends_session every later agent turn, also a compacted
+    history (a new segment), is refused (BudgetSpent, a 400 no client retries) and a
+    tool-less side call is still served."""
+    budget = 60
+    script = [Reply(BASH_TOOL_CALL), Reply("word " * 200)]
+    async with ScriptedVLLM(tok, script=script, default=Reply("A title")) as dbl:
+        s = _session(tok, dbl, max_response_tokens=budget, overlong_ends_session=ends)
+        m3, first = await _tool_loop_to_the_budget(s, dbl)
+        second = dbl.requests[1]
+        assert second["max_tokens"] == first + budget - len(second["prompt"]) < 10_000
+        (seg,) = s.trajectory.segments
+        assert len(seg.prompt_ids) == first and len(seg.prompt_ids) + len(seg.response_ids) == first + budget
+        assert s.trajectory.turns[1].overlong and s.trajectory.counters.overlong == 1
+        if not ends:
+            with pytest.raises(ContextExhausted) as refused:
+                await s.run_turn(_req(m3), new_tool_call_id=_ids())
+            assert f"> {first + budget} maximum" in refused.value.message
+            assert s.trajectory.counters.overlong == 2
+        else:
+            compacted = [SYSTEM, {"role": "user", "content": "summary: listed files; go on"}]
+            for request in (_req(m3), _req(compacted), _req(compacted, tools=None)):
+                with pytest.raises(BudgetSpent) as spent:
+                    await s.run_turn(request, new_tool_call_id=_ids())
+            assert spent.value.status == 400 and spent.value.error_type == "budget_spent"
+            for clue in ("too long", "context", "exceed", "limit"):  # nothing clients compact on
+                assert clue not in spent.value.message
+            title = [{"role": "system", "content": "Write a title."}, {"role": "user", "content": "x"}]
+            await s.run_turn(_req(title, tools=None), new_tool_call_id=_ids())
+            assert [x.kind for x in s.trajectory.segments] == ["main", "side"]
+        assert len(dbl.requests) == 2 + ends  # nothing refused reached the backend
+
+
+async def test_the_segment_budget_is_per_segment_and_the_context_bound_still_holds(tok):
+    """A new segment gets its own first prompt + R; max_context_tokens bounds the total too."""
+    async with ScriptedVLLM(tok, default=Reply("word " * 200)) as dbl:
+        s = _session(tok, dbl, max_response_tokens=30)
+        await s.run_turn(_req([SYSTEM, {"role": "user", "content": "one"}]), new_tool_call_id=_ids())
+        side = [
+            {"role": "system", "content": "Other."},
+            {"role": "user", "content": "a longer side question here"},
+        ]
+        await s.run_turn(_req(side), new_tool_call_id=_ids())
+        assert [r["max_tokens"] for r in dbl.requests] == [30, 30]
+        first = len(dbl.requests[0]["prompt"])
+        t = _session(tok, dbl, max_response_tokens=30, max_context_tokens=first + 12)
+        await t.run_turn(_req([SYSTEM, {"role": "user", "content": "one"}]), new_tool_call_id=_ids())
+        assert dbl.requests[-1]["max_tokens"] == 12
+
+
+def test_session_body_sets_the_budget():
+    cfg = SessionConfig().with_overrides({"max_response_tokens": 7, "overlong_ends_session": True})
+    assert (cfg.max_response_tokens, cfg.overlong_ends_session) == (7, True)
+    for body, err in (
+        ({"max_response_tokens": 0}, ValueError),
+        ({"max_response_tokens": "7"}, TypeError),
+        ({"overlong_ends_session": 1}, TypeError),
+    ):
+        with pytest.raises(err):
+            SessionConfig().with_overrides(body)

@@ -160,6 +160,12 @@ async def test_build_spec_from_a_stamped_row(tokenizer, tiny_model_dir):
     assert spec.policy_version == 6
     assert spec.sampling.overrides() == {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 64}
     assert spec.model == str(tiny_model_dir) and spec.scaffold == "terminus"
+    # the session keeps the trajectory inside the sample verl trains (proxy.session)
+    cc = loop.convert_config
+    assert (spec.max_context_tokens, spec.max_response_tokens) == (
+        cc.prompt_length + cc.response_length,
+        cc.response_length,
+    )
     again = await loop.build_spec({}, {k: v[3] for k, v in nt.items()})
     assert again.trial_id == spec.trial_id  # a restarted trainer derives the same id
     with pytest.raises(TrialIdentityError):

@@ -490,6 +490,9 @@ class TemporalAgentLoop(AgentLoopBase):
             model=cfg.model or str(self.config.actor_rollout_ref.model.path),
             sampling=sampling,
             replicas=await self._replicas(),
+            # the sample verl trains (rollout.prompt_length + response_length): the session keeps the trajectory in it
+            max_context_tokens=self.convert_config.prompt_length + self.convert_config.response_length,
+            max_response_tokens=self.convert_config.response_length,
             step=ident.step,
             policy_version=ident.policy_version,
             metadata={
