@@ -602,7 +602,8 @@ class EmbeddedInfra:
             if self._want_docker:
                 self.services.append(ensure_dockerd(logs / "dockerd.log"))
             if self._want_vllm and not self._given_vllm_urls:
-                model_dir = self.model_dir or cached_tiny_model(self.state_dir / "models")
+                # kept: `up` tells the user which directory to give `run --model-dir`
+                self.model_dir = model_dir = self.model_dir or cached_tiny_model(self.state_dir / "models")
                 self.services.append(
                     start_vllm(
                         model_dir,

@@ -79,6 +79,12 @@ def test_run_status_replay_inspect(cli_env):
     status = _invoke(cli_env, "status", batch_id)
     assert f"{broken_id}-r1" in status.output  # linked to its original in the same batch
 
+    # a batch id that does not exist is an error, not an empty table
+    for args in (("status", "no-such-batch"), ("replay", "no-such-batch", "--failed")):
+        missing = _invoke(cli_env, *args)
+        assert missing.exit_code == 1, missing.output
+        assert "no trials of batch 'no-such-batch'" in missing.output, missing.output
+
     inspect = _invoke(cli_env, "inspect", good_id)
     assert inspect.exit_code == 0, inspect.output
     rows = {line.strip("│ ").split("│")[0].strip(): line for line in inspect.output.splitlines()}

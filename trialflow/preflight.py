@@ -5,13 +5,16 @@ line each, so no trial is wasted on a typo (issue 13, "the first hour").
 path exists and loads (`trialflow.tasks.load_task`: invalid fields, refused Harbor
 features, compose files); the scaffold resolves with its options; `oracle` has a
 `solution/solve.sh` in every task (in a multi-step task: for every step, its own or the
-shared one); no two tasks would share a trial id; and the result
-store answers with its credentials (a probe object is written and read back).
+shared one); a scaffold that talks to a model gets one from the in-process worker (its
+proxy needs the model's directory and at least one replica; an external worker's own
+settings decide, so nothing is checked then); no two tasks would share a trial id; and
+the result store answers with its credentials (a probe object is written and read back).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,14 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
+@dataclass(frozen=True)
+class InProcessModel:
+    """What the in-process worker's proxy will serve a model-driven scaffold with."""
+
+    model_dir: Path | None
+    replicas: Sequence[str]
+
+
 def check_run(
     task_dirs: Sequence[Path],
     scaffold: str,
@@ -35,6 +46,7 @@ def check_run(
     attempts: int,
     scaffold_options: dict[str, Any] | None = None,
     store: Callable[[], ResultStore] | None = None,
+    model: InProcessModel | None = None,
 ) -> list[str]:
     """Problems that would make the batch fail or mislead, one line each (empty: none)."""
     problems: list[str] = []
@@ -43,9 +55,12 @@ def check_run(
     if not task_dirs:
         problems.append("no task directories given")
     try:
-        check_scaffold(scaffold, scaffold_options)
+        built = check_scaffold(scaffold, scaffold_options)
     except TrialflowError as err:
         problems.append(f"--scaffold: {_one_line(err)}")
+    else:
+        if built.needs_model and model is not None:
+            problems.extend(_missing_model(scaffold, model))
     existing = []
     for path in task_dirs:
         if not path.is_dir():
@@ -66,6 +81,22 @@ def check_run(
     if store is not None:
         problems.extend(_check_store(store))
     return problems
+
+
+def _missing_model(scaffold: str, model: InProcessModel) -> list[str]:
+    out = []
+    if model.model_dir is None:
+        out.append(
+            f"--scaffold {scaffold} talks to a model: give --model-dir DIR (the model's tokenizer and "
+            "chat template, which the proxy renders with; TRIALFLOW_MODEL_DIR), e.g. the one `trialflow up` prints"
+        )
+    elif not (model.model_dir / "tokenizer_config.json").is_file():
+        out.append(f"--model-dir {model.model_dir}: no tokenizer_config.json there (not a model directory)")
+    if not model.replicas:
+        out.append(
+            f"--scaffold {scaffold} talks to a model: give --replica URL (a vLLM server; TRIALFLOW_REPLICA_URLS)"
+        )
+    return out
 
 
 def _missing_solutions(task: Task) -> list[str]:

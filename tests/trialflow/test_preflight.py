@@ -76,3 +76,40 @@ def test_cli_run_refuses_before_submitting(tmp_path):
     assert lines[-1] == "nothing submitted (2 problems)"
     assert any("--attempts must be at least 1" in line for line in lines)
     assert "Traceback" not in result.output
+
+
+def test_a_model_driven_scaffold_needs_a_model_in_process(tmp_path, tiny_model_dir):
+    """README's `run ... --scaffold claude-code --replica URL` without --model-dir: refused
+    before a sandbox is built (was: ModelNotConfigured in the trial, an invalid reward)."""
+    from trialflow.preflight import InProcessModel
+
+    task = [EXAMPLES / "create-file"]
+    store = lambda: LocalStore(tmp_path / "store")  # noqa: E731
+    no_dir = check_run(
+        task, "claude-code", attempts=1, store=store, model=InProcessModel(None, ["http://x:8000"])
+    )
+    assert len(no_dir) == 1 and "--model-dir DIR" in no_dir[0]
+    no_replica = check_run(
+        task, "claude-code", attempts=1, store=store, model=InProcessModel(tiny_model_dir, [])
+    )
+    assert len(no_replica) == 1 and "--replica URL" in no_replica[0]
+    not_a_model = check_run(
+        task, "codex", attempts=1, store=store, model=InProcessModel(tmp_path, ["http://x"])
+    )
+    assert "not a model directory" in not_a_model[0]
+    ready = InProcessModel(tiny_model_dir, ["http://x:8000"])
+    assert check_run(task, "claude-code", attempts=1, store=store, model=ready) == []
+    # model-free scaffolds and external workers (their own settings decide) are not asked
+    assert check_run(task, "oracle", attempts=1, store=store, model=InProcessModel(None, [])) == []
+    assert check_run(task, "claude-code", attempts=1, store=store, model=None) == []
+
+
+def test_cli_run_claude_code_without_model_dir_is_refused(tmp_path):
+    result = CliRunner().invoke(
+        app,
+        ["run", str(EXAMPLES / "create-file"), "--scaffold", "claude-code", "--replica", "http://127.0.0.1:9",
+         "--store-dir", str(tmp_path / "s"), "--temporal-address", "127.0.0.1:1"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--model-dir DIR" in result.output and "Traceback" not in result.output

@@ -53,6 +53,13 @@ def _start_infra(
         soft_wrap=True,
     )
     console.print(f"vLLM      {', '.join(infra.vllm_urls) or 'none (--no-vllm)'}")
+    if infra.model_dir is not None and infra.vllm_urls:
+        # a model-driven scaffold's proxy renders with this model's tokenizer and template
+        console.print(
+            f"          model: --model-dir {infra.model_dir} --replica {infra.vllm_urls[0]}",
+            highlight=False,
+            soft_wrap=True,
+        )
     return infra, ui
 
 

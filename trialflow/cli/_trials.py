@@ -25,7 +25,7 @@ from trialflow.cli._app import (
 )
 from trialflow.cli._views import results_table, status_table, trial_progress
 from trialflow.errors import UnknownScaffold
-from trialflow.preflight import check_run
+from trialflow.preflight import InProcessModel, check_run
 from trialflow.scaffolds.registry import parse_scaffold_options, register_scaffold
 from trialflow.settings import TrialflowSettings
 from trialflow.storage import open_store
@@ -109,7 +109,12 @@ def run(
     for name, target in settings.extra_scaffolds.items():
         register_scaffold(name, target)
     problems = check_run(
-        task_dirs, scaffold, attempts=attempts, scaffold_options=options, store=lambda: open_store(settings)
+        task_dirs,
+        scaffold,
+        attempts=attempts,
+        scaffold_options=options,
+        store=lambda: open_store(settings),
+        model=None if external_worker else InProcessModel(settings.model_dir, settings.replica_urls),
     )
     if problems:
         for line in problems:
@@ -144,7 +149,13 @@ def status(batch_id: str, temporal: TemporalOpt = None) -> None:
         client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
         return await batch.list_trials(client, batch_id)
 
-    console.print(status_table(asyncio.run(go()), title=f"batch {batch_id}"))
+    trials = asyncio.run(go())
+    if not trials:
+        console.print(
+            f"[red]error:[/] no trials of batch {batch_id!r} in Temporal at {settings.temporal_address}"
+        )
+        raise typer.Exit(1)
+    console.print(status_table(trials, title=f"batch {batch_id}"))
 
 
 def replay(
@@ -187,8 +198,10 @@ def replay(
 
         raise typer.Exit(replay_record(settings, target, attempt=attempt, task=task))
 
-    async def go() -> list[TrialResult]:
+    async def go() -> list[TrialResult] | None:
         client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        if not await batch.list_trials(client, target):
+            return None  # no such batch: not the same as a batch with nothing to replay
         specs = await batch.replay_failed(client, target)
         console.print(f"replaying {len(specs)} failed trial(s) of batch {target}")
         if not specs:
@@ -196,6 +209,11 @@ def replay(
         return await run_specs(settings, specs, external_worker=external_worker, title="replay")
 
     results = asyncio.run(go())
+    if results is None:
+        console.print(
+            f"[red]error:[/] no trials of batch {target!r} in Temporal at {settings.temporal_address}"
+        )
+        raise typer.Exit(1)
     if results:
         console.print(results_table(results, title=f"replays of batch {target}"))
     raise typer.Exit(1 if any(r.failed for r in results) else 0)
