@@ -205,3 +205,40 @@ def test_metrics_endpoint_serves_trial_metrics():
     assert 'trialflow_trials_completed_total{termination="submitted"} 1.0' in body
     assert 'trialflow_phase_seconds_count{phase="verify"} 1.0' in body
     assert "trialflow_trials_running 0.0" in body
+
+
+@pytest.mark.temporal
+@pytest.mark.docker
+@pytest.mark.s3
+def test_worker_says_when_it_is_ready_and_drains_on_sigterm(cli_env):
+    """`trialflow worker` was silent until its first trial; now it prints one ready line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, **cli_env, "TRIALFLOW_TASK_QUEUE": f"{cli_env['TRIALFLOW_TASK_QUEUE']}-w"}
+    env.pop("TRIALFLOW_MODEL_DIR", None)
+    cmd = [sys.executable, "-c", "from trialflow.cli import app; app()", "worker"]
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline, lines = time.monotonic() + 120, []
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("worker ready:"):
+                break
+        ready = [line for line in lines if line.startswith("worker ready:")]
+        assert ready, "".join(lines)
+        assert env["TRIALFLOW_TASK_QUEUE"] in ready[0] and "no model" in ready[0]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

