@@ -75,7 +75,36 @@ class SleepScaffold(Scaffold):
         return ScaffoldResult(res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s)
 
 
+class LongChatScaffold(Scaffold):
+    """Test scaffold: chats until the proxy refuses a turn (at most 20), then exits 0."""
+
+    name = "test-long-chat"
+    needs_model = True
+    runs_in_sandbox = False
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        from openai import BadRequestError
+
+        client = AsyncOpenAI(base_url=ctx.openai_base_url, api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": ctx.instruction[:200]}]
+        refused = ""
+        for _ in range(20):
+            try:
+                reply = await client.chat.completions.create(
+                    model=ctx.model, messages=messages, max_tokens=12
+                )
+            except BadRequestError as err:  # the session's budget: what a CLI agent would see
+                refused = str(err)
+                break
+            messages += [
+                {"role": "assistant", "content": reply.choices[0].message.content or ""},
+                {"role": "user", "content": "go on"},
+            ]
+        return ScaffoldResult(0, False, refused or "20 turns", "", 0.0)
+
+
 register_scaffold("test-chat", f"{__name__}:ChatScaffold")
+register_scaffold("test-long-chat", f"{__name__}:LongChatScaffold")
 register_scaffold("test-sleep", f"{__name__}:SleepScaffold")
 
 
@@ -151,6 +180,27 @@ async def test_agent_loop_step_oracle_and_scripted_chat(
     again = await asyncio.gather(*(loop.run(dict(SAMPLING), **row) for row in rows))
     assert [o.extra_fields["trial_id"] for o in again] == ids and len(SCAFFOLD_CALLS) == before
     assert [o.response_ids for o in again] == [o.response_ids for o in outs]
+
+
+async def test_an_agent_past_the_trainers_budget_is_stopped_and_trained_whole(
+    tokenizer, settings, client, worker, no_leaked_sandboxes
+):
+    """The reward belongs to what is trained: the session keeps the trajectory inside verl's
+    response_length (R_LEN = 48 tokens, ~4 turns of this chat), the trial ends `overlong`
+    and is verified, and verl trains every policy token of it with that reward (was: cut
+    to the budget with the trial's reward on the cut prefix)."""
+    run_name = f"budget-{uuid.uuid4().hex[:6]}"
+    loop = _loop(tokenizer, settings, run_name)
+    [row] = _rows([("fix-bug", "test-long-chat")], rollouts=1, step=3)
+    out = await loop.run(dict(SAMPLING), **row)
+    ef = out.extra_fields
+    assert ef["termination_reason"] == "overlong" and ef["reward_valid"], ef
+    assert len(out.response_ids) <= R_LEN and not ef["overlong"] and ef["masked_by"] is None
+    traj = Trajectory.from_bytes(open_store(settings).get_bytes(ef["trajectory_uri"]))
+    assert sum(out.response_mask) == sum(traj.segments[0].response_mask) == ef["trained_tokens"] > 0
+    assert len(traj.segments[0].response_ids) <= R_LEN  # nothing was cut: the session stopped it
+    data = await verl_batch(bare_worker(tokenizer, P_LEN, R_LEN), [out])
+    assert int(data.batch["response_mask"].sum()) == ef["policy_tokens"]
 
 
 async def test_a_multi_step_trial_gives_verl_every_steps_trajectory(
