@@ -15,6 +15,9 @@ Outcomes vs failures:
 - turn limit reached  -> outcome "max_turns" (the agent's own: `ScaffoldResult.stop_reason`; the
   session's, `Scaffold.session_max_turns`: the proxy refused a turn; verified anyway)
 - non-zero exit       -> outcome "scaffold_error" with `error` set (verified anyway)
+- the sandbox stopped under the agent but is still there (it killed its keep-alive)
+                      -> outcome "scaffold_error", verified from its files (the verify
+                         activity restarts it): the agent's doing, never an infra_error
 - typed infra errors  -> raised as ApplicationError (retryable or not per trialflow.errors);
   the workflow starts a new attempt for retryable ones. An agent that failed while no
   replica of its pool answers a health probe raises retryable `ReplicaUnavailable` (the
@@ -52,9 +55,9 @@ from activities._support import application_error, heartbeat_interval, heartbeat
 from proxy.errors import InvalidRequest
 from proxy.replay import ReplayRecord
 from proxy.trajectory import Trajectory
-from trialflow.errors import InvalidSampling, ModelNotConfigured, ReplicaUnavailable
+from trialflow.errors import InvalidSampling, ModelNotConfigured, ReplicaUnavailable, SandboxLost
 from trialflow.metrics import TrialMetrics
-from trialflow.sandbox.base import SandboxBackend
+from trialflow.sandbox.base import Sandbox, SandboxBackend
 from trialflow.sandbox.egress import Egresses
 from trialflow.sandbox.network import network_policy
 from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, check_scaffold
@@ -71,7 +74,6 @@ from workflows.shared import (
 if TYPE_CHECKING:  # the proxy stack is optional: model-free workers never load it
     from proxy.server import ProxyServer, SessionHandle
     from proxy.session import SessionStats
-    from trialflow.sandbox.base import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +147,12 @@ class ScaffoldActivities:
             trajectory: Trajectory | None = None
             trajectory_uri: str | None = None
             replicas_down = False
+            agent_started = time.monotonic()
             try:
-                outcome = await scaffold.run(ctx)
+                try:
+                    outcome = await scaffold.run(ctx)
+                except SandboxLost as lost:
+                    outcome = await _stopped_by_agent(sandbox, lost, time.monotonic() - agent_started)
                 if session is not None and outcome.exit_code != 0 and not self._turn_limited(session):
                     replicas_down = await self._replicas_down(session.session_id)
             finally:
@@ -340,6 +346,30 @@ class _LiveBeat:
 def _smaller(a: int | None, b: int | None) -> int | None:
     """The smaller of two optional bounds (None: no bound)."""
     return b if a is None else a if b is None else min(a, b)
+
+
+async def _stopped_by_agent(sandbox: Sandbox, lost: SandboxLost, seconds: float) -> ScaffoldResult:
+    """The agent's outcome when its sandbox stopped under it but is still there (it killed
+    the keep-alive, or its processes outgrew the task's memory limit): nothing outside the
+    sandbox stopped it, so the attempt is verified from the files it left (the verification
+    restart starts it again), never retried as an infrastructure failure a failing agent
+    could use to escape its reward. Re-raises `lost` when the sandbox is gone or the engine
+    does not answer (not the agent's doing)."""
+    try:
+        running = await sandbox.is_running()
+    except SandboxLost:
+        raise lost from None
+    if running:
+        raise lost
+    log.info("sandbox %s stopped during the agent phase: the agent's outcome (%s)", sandbox.id, lost)
+    return ScaffoldResult(
+        exit_code=137,
+        timed_out=False,
+        stdout="",
+        stderr=f"[trialflow: {lost}]",
+        duration_s=seconds,
+        detail="the sandbox stopped during the agent phase (its keep-alive ended); verified from its files",
+    )
 
 
 def live_counts(stats: SessionStats) -> dict[str, int]:

@@ -1,12 +1,16 @@
 """Verification activity: run the task's verifier in the sandbox, return the rewards.
 
-Where: in the agent's sandbox (Harbor's shared mode, `trialflow.verifier.run_verifier`), or
+Where: in the agent's sandbox (Harbor's shared mode, `trialflow.verifier.run_verifier`: the
+sandbox restarted first, with the harness's own keep-alive and toolchain; also a sandbox the
+agent stopped: that is the agent's outcome, verified from its files), or
 in a fresh verifier sandbox for a task (or a multi-step task's step) with a separate
 verifier environment (`trialflow.separate_verifier`: artifacts copied in; the verifier
 sandbox is removed before the activity returns, and with the agent's at teardown should
 the worker die first; the agent's processes are stopped first except before a step that
 is not the task's last). A retry of this activity starts a new verifier sandbox from the
 agent's unchanged files.
+
+`VerifyOutput.verifier_trust` says which ("harness" / "separate").
 
 A verifier timeout or a missing/unparseable reward is an OUTCOME of the trial
 (`reward_valid=False`, `reward_error` names the `VerifierError` type and message), not an
@@ -38,7 +42,7 @@ from temporalio import activity
 from activities._support import heartbeat_interval, heartbeating, typed_errors
 from trialflow.artifacts import ArtifactRow, collect_artifacts
 from trialflow.metrics import TrialMetrics
-from trialflow.sandbox.base import SandboxBackend
+from trialflow.sandbox.base import Sandbox, SandboxBackend
 from trialflow.sandbox.egress import Egresses
 from trialflow.sandbox.network import network_policy
 from trialflow.sandbox.transfer import TransferLimits
@@ -46,7 +50,7 @@ from trialflow.separate_verifier import verify_separately
 from trialflow.storage import ResultStore, TrialKeys
 from trialflow.tasks import load_task
 from trialflow.verifier import VerifierResult, run_verifier
-from workflows.shared import VerifyInput, VerifyOutput
+from workflows.shared import VerifierTrust, VerifyInput, VerifyOutput
 
 
 class VerifyActivities:
@@ -87,10 +91,22 @@ class VerifyActivities:
                         manifest = await collect_artifacts(
                             sandbox, entries, Path(artifacts), self._limits.artifacts()
                         )
-                        env = await self._egresses.env_for(sandbox, network_policy(task, "verifier"))
+                        policy = network_policy(task, "verifier")
+
+                        async def egress_env(restarted: Sandbox) -> dict[str, str]:
+                            # The restart gave the sandbox a new network namespace: an egress
+                            # proxy served into the old one reaches nothing now.
+                            await self._egresses.close(restarted.id)
+                            return await self._egresses.env_for(restarted, policy)
+
                         result = await run_verifier(
-                            sandbox, task, env=env, timeout_s=inp.verifier_timeout_s, log_dir=Path(logs)
+                            sandbox,
+                            task,
+                            env_after_restart=egress_env,
+                            timeout_s=inp.verifier_timeout_s,
+                            log_dir=Path(logs),
                         )
+                        trust: VerifierTrust = "harness"
                     else:  # a fresh verifier sandbox (the step's own, for a step)
                         done = await verify_separately(
                             self._backend,
@@ -106,6 +122,7 @@ class VerifyActivities:
                             allowance=self._limits.artifacts(),
                         )
                         result, manifest = done.result, done.manifest
+                        trust = "separate"
                     await self._store_logs(keys, Path(logs), result)
                     await self._store_artifacts(keys, Path(artifacts), manifest)
         seconds = time.monotonic() - started
@@ -117,6 +134,7 @@ class VerifyActivities:
             reward_valid=problem is None,
             reward_error=f"{type(problem).__name__}: {problem}" if problem is not None else None,
             seconds=seconds,
+            verifier_trust=trust,
         )
 
     async def _store_artifacts(self, keys: TrialKeys, root: Path, manifest: list[ArtifactRow]) -> None:

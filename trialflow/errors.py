@@ -19,6 +19,9 @@
     │   ├── StepSetupFailed             a step's workdir/setup.sh or [steps.healthcheck] failed: an outcome
     │   │                               of that step (returned as data; the sequence stops there)
     │   ├── SandboxLost                 container or engine vanished mid-trial         (retried)
+    │   ├── SandboxRestartFailed        the verification restart failed on files the agent left: the
+    │                                   agent's outcome (reward 0), never retried
+    │   ├── ToolchainUnavailable        the host lacks the harness's static busybox   (never retried)
     │   ├── SandboxPathNotFound         download() of a path that does not exist      (never retried)
     │   └── OutputBudgetExceeded        files copied out of a sandbox over their budget (bytes by the
     │                                   tar headers' apparent sizes, or entries): an outcome of the
@@ -167,6 +170,21 @@ class SandboxLost(SandboxError):
     """The container (or the engine) disappeared while the trial still needed it."""
 
     retryable = True
+
+
+class SandboxRestartFailed(SandboxError):
+    """The engine answered but could not start the sandbox again for verification (e.g. the
+    agent replaced a mount point's parent, or the passwd entry of the image's USER): what the
+    agent left decided it, so the trial is verified as failed (reward 0), not retried."""
+
+    retryable = False
+
+
+class ToolchainUnavailable(SandboxError):
+    """The host has no static busybox to mount into sandboxes as the harness's toolchain
+    (`trialflow.sandbox.toolchain`); a configuration error of the worker's machine."""
+
+    retryable = False
 
 
 class SandboxPathNotFound(SandboxError, FileNotFoundError):

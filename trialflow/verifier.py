@@ -1,22 +1,27 @@
 """Verifier: runs a task's tests/test.sh in a sandbox and reads the reward it writes.
 
 Steps (Harbor semantics, plus what keeps the policy from touching its reward):
-`run_verifier` (Harbor's shared mode, in the agent's sandbox) first stops every process in
-the sandbox but its keep-alive (`Sandbox.stop_processes`, from outside the sandbox: no
-daemon the agent left behind runs during verification); then `run_tests` recreates an
-empty `/logs/verifier` (checked empty through the backend's file API, so a replaced `rm`
-cannot leave a planted reward), uploads tests/ to `/tests` (unless a separate verifier's
-image brings its own), runs `/tests/test.sh` directly (its shebang counts, as in Harbor)
-with `[verifier].env` as `[verifier].user` under `[verifier].timeout_sec`, then reads
-`/logs/verifier/reward.json` (a JSON object of name -> number) or, when absent,
-`/logs/verifier/reward.txt` (one number, stored as `{"reward": x}`), both copied out through
-the backend's file API (`Sandbox.download`), never read with a binary from the sandbox
-(a replaced `cat` could print any reward); a symlinked reward file is refused.
-What the shared mode does not cover: an agent that replaced the tools test.sh itself runs
-(python, bash) can still fool a verifier that runs in the agent's sandbox; a task's
-separate verifier environment (`trialflow.separate_verifier`: `run_tests` in a fresh
+`run_verifier` (Harbor's shared mode, in the agent's sandbox) first restarts the sandbox
+(`Sandbox.restart_for_verification`: every process ends, the keep-alive included, and the
+sandbox starts again from its files with a keep-alive from the harness's toolchain, so no
+daemon, tampered keep-alive or process the agent touched runs during verification; a
+sandbox the agent stopped is restarted the same way) and removes `/etc/ld.so.preload`; then
+`run_tests` recreates an empty `/logs/verifier` with the toolchain's rm/mkdir/chmod (checked
+empty through the backend's file API), uploads tests/ to `/tests` (unless a separate
+verifier's image brings its own), runs `/tests/test.sh` directly through the toolchain's `env`
+with a cleaned environment (`trialflow.verifier_env`: its shebang counts, as in Harbor) with
+`[verifier].env` as `[verifier].user` under `[verifier].timeout_sec` (enforced from the
+host), then reads `/logs/verifier/reward.json` (a JSON object of name -> number) or, when
+absent, `/logs/verifier/reward.txt` (one number, stored as `{"reward": x}`), both copied out
+through the backend's file API (`Sandbox.download`), never read with a binary from the
+sandbox (a replaced `cat` could print any reward); a symlinked reward file is refused.
+What the shared mode does not cover: test.sh's own interpreters come from the image the
+agent worked in (`/bin/bash`, python and its site-packages, the C library test.sh's tools
+load): an agent that replaced them can still fool a verifier that runs in its sandbox; a
+task's separate verifier environment (`trialflow.separate_verifier`: `run_tests` in a fresh
 sandbox that gets only the artifacts) is the answer to that (docs/design.md, "Reward
-integrity").
+integrity"). A restart the engine refuses on what the agent left (`SandboxRestartFailed`)
+is the agent's outcome: reward 0, valid, the cause in stderr.
 
 Outcomes are data (`VerifierResult`), never exceptions:
 - exit code of test.sh is recorded but does not decide validity (tests commonly write
@@ -41,14 +46,19 @@ import json
 import math
 import shutil
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trialflow.errors import RewardMissing, VerifierError, VerifierTimeout
+from trialflow.errors import RewardMissing, SandboxRestartFailed, VerifierError, VerifierTimeout
 from trialflow.sandbox.base import ExecResult, Sandbox
+from trialflow.sandbox.toolchain import BUSYBOX, tool
 from trialflow.tasks import Task
+from trialflow.verifier_env import verifier_command
 
 TESTS_DIR = "/tests"
+TEST_SH = f"{TESTS_DIR}/test.sh"
+LD_SO_PRELOAD = "/etc/ld.so.preload"
 VERIFIER_LOG_DIR = "/logs/verifier"
 REWARD_JSON = f"{VERIFIER_LOG_DIR}/reward.json"
 REWARD_TXT = f"{VERIFIER_LOG_DIR}/reward.txt"
@@ -162,6 +172,16 @@ def _read_local(path: Path) -> str | None:
         return f.read(REWARD_MAX_BYTES + 1).decode("utf-8", errors="replace")
 
 
+async def _head(sandbox: Sandbox, path: str, scratch: Path) -> bytes:
+    """The first two bytes of a file in the sandbox, read through the backend."""
+    try:
+        local = await sandbox.download(path, scratch)
+    except FileNotFoundError:
+        return b""
+    with local.open("rb") as f:
+        return f.read(2)
+
+
 async def _fetch_verifier_dir(sandbox: Sandbox, dest: Path) -> bool:
     """Copy /logs/verifier out through the backend's file API (not a binary in the sandbox);
     False when it does not exist."""
@@ -192,18 +212,27 @@ async def run_verifier(
     timeout_s: float | None = None,
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
+    env_after_restart: Callable[[Sandbox], Awaitable[dict[str, str]]] | None = None,
 ) -> VerifierResult:
-    """Verify the agent sandbox's current state for `task` (Harbor's shared mode). First
-    every process the agent left is killed from outside (a daemon rewriting the reward, a
-    process racing the tests), then `run_tests`. A task with a separate verifier
+    """Verify the agent sandbox's current state for `task` (Harbor's shared mode): the
+    verification restart, then `run_tests` (module docstring). `env_after_restart` makes
+    settings that need the restarted sandbox (the egress proxy's listener lives in its new
+    network namespace); they are added to `env`. A task with a separate verifier
     environment is refused (ValueError): `trialflow.separate_verifier` verifies those."""
     if task.separate_verifier is not None:
         raise ValueError(
             f"task {task.name} has a separate verifier environment: verify it with "
             "trialflow.separate_verifier.verify_separately, not in the agent's sandbox"
         )
-    await sandbox.stop_processes()
-    return await run_tests(sandbox, task, timeout_s=timeout_s, log_dir=log_dir, env=env)
+    try:
+        await sandbox.restart_for_verification()
+    except SandboxRestartFailed as e:
+        # What the agent left decided it; an invalid reward would let it escape its score.
+        note = f"[trialflow: {e}; the agent's outcome: reward 0]"
+        return VerifierResult({"reward": 0.0}, True, None, -1, False, "", note, 0.0)
+    if env_after_restart is not None:
+        env = {**(env or {}), **await env_after_restart(sandbox)}
+    return await run_tests(sandbox, task, timeout_s=timeout_s, log_dir=log_dir, env=env, agent_sandbox=True)
 
 
 async def run_tests(
@@ -214,53 +243,64 @@ async def run_tests(
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
     bundled_tests: bool = False,
+    agent_sandbox: bool = False,
 ) -> VerifierResult:
     """Run test.sh in `sandbox` and read its reward (module docstring). `timeout_s`
     overrides `[verifier].timeout_sec`; `env` (e.g. the egress proxy's) is added under
     `[verifier].env`. When `log_dir` is given, /logs/verifier is downloaded into it (best
     effort: the verifier may have written nothing). `bundled_tests`: the sandbox is a
-    separate verifier whose image brings its own /tests (not replaced by tests/)."""
+    separate verifier whose image brings its own /tests (not replaced by tests/).
+    `agent_sandbox`: the agent worked in this sandbox (shared mode): /etc/ld.so.preload is
+    removed too."""
     cfg = task.config.verifier
     timeout = timeout_s if timeout_s is not None else cfg.timeout_sec
-    cleared = VERIFIER_LOG_DIR if bundled_tests else f"{TESTS_DIR} {VERIFIER_LOG_DIR}"
+    cleared = [VERIFIER_LOG_DIR] if bundled_tests else [TESTS_DIR, VERIFIER_LOG_DIR]
+    if agent_sandbox:  # planted for test.sh's interpreters (a static toolchain ignores it)
+        cleared.append(LD_SO_PRELOAD)
+    b = BUSYBOX
     prep = await sandbox.exec(
-        f"rm -rf {cleared} && mkdir -p {VERIFIER_LOG_DIR} && chmod 777 {VERIFIER_LOG_DIR}",
+        tool(
+            "sh",
+            "-c",
+            f"{b} rm -rf {' '.join(cleared)} && {b} mkdir -p {VERIFIER_LOG_DIR} && "
+            f"{b} chmod 777 {VERIFIER_LOG_DIR}",
+        ),
         user="0",
         timeout_s=60,
     )
     if not prep.ok:
         return _invalid(f"could not prepare {VERIFIER_LOG_DIR}: {prep.stderr.strip()}", prep)
     with tempfile.TemporaryDirectory(prefix="tf-verifier-") as scratch:
-        # Checked from outside: an `rm` the agent replaced cannot leave a planted reward.
+        # Checked from outside, as a second line behind the toolchain's rm.
         before = Path(scratch) / "before"
         if not await _fetch_verifier_dir(sandbox, before) or any(before.iterdir()):
             return _invalid(f"{VERIFIER_LOG_DIR} could not be cleared before the verifier ran", prep)
         if bundled_tests:
-            # A fresh verifier sandbox no agent touched: its own chmod is trusted (Harbor
-            # runs `chmod +x` there too).
-            mark = await sandbox.exec(["chmod", "+x", f"{TESTS_DIR}/test.sh"], user="0", timeout_s=60)
+            # A fresh verifier sandbox no agent touched; the toolchain's chmod all the same
+            # (Harbor runs `chmod +x` there too).
+            mark = await sandbox.exec(tool("chmod", "+x", TEST_SH), user="0", timeout_s=60)
             if not mark.ok:
                 return _invalid(
-                    f"the verifier image has no {TESTS_DIR}/test.sh (an image built from tests/ or "
+                    f"the verifier image has no {TEST_SH} (an image built from tests/ or "
                     f"[verifier.environment].docker_image brings its own tests): {mark.stderr.strip()}",
                     mark,
                 )
+            head = await _head(sandbox, TEST_SH, Path(scratch) / "head")
         else:
             tests = Path(scratch) / "tests"
             shutil.copytree(task.tests_dir, tests)  # links followed: the chmod stays in the copy
             if task.tests_overlay is not None:  # a step's tests/ over the shared ones, as Harbor uploads them
                 shutil.copytree(task.tests_overlay, tests, dirs_exist_ok=True)
             (tests / "test.sh").chmod((tests / "test.sh").stat().st_mode | 0o111)
+            head = (tests / "test.sh").read_bytes()[:2]
             await sandbox.upload(tests, TESTS_DIR)
         # As Harbor: run directly, so its shebang counts (`#!/usr/bin/env python3` works); a
-        # script without one runs under the shell. Harbor chmods it in the sandbox; here the
-        # executable bit is set in the uploaded copy (no agent-sandbox binary runs as root for it).
-        run = await sandbox.exec(
-            f"{TESTS_DIR}/test.sh",
-            timeout_s=timeout,
-            env={**(env or {}), **cfg.env} or None,
-            user=cfg.user,
+        # script without one runs under bash. Harbor chmods it in the sandbox; here the
+        # executable bit is set in the uploaded copy.
+        argv = verifier_command(
+            TEST_SH, head == b"#!", await sandbox.base_environment(), {**(env or {}), **cfg.env}
         )
+        run = await sandbox.exec(argv, timeout_s=timeout, user=cfg.user)
         after = log_dir if log_dir is not None else Path(scratch) / "after"
         fetched = await _fetch_verifier_dir(sandbox, after)
         files: dict[str, str] = {}

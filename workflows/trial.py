@@ -101,6 +101,7 @@ with workflow.unsafe.imports_passed_through():
         TrialProgress,
         TrialResult,
         TrialSpec,
+        VerifierTrust,
         VerifyInput,
         VerifyOutput,
         setup_queue,
@@ -481,6 +482,7 @@ class TrialWorkflow:
             reward=verify.reward,
             reward_valid=verify.reward_valid,
             reward_error=verify.reward_error,
+            verifier_trust=verify.verifier_trust,
             termination_reason=scaffold.termination_reason,
             error=scaffold.error,
             turns=scaffold.turns,
@@ -600,6 +602,7 @@ class TrialWorkflow:
             reward_error=verify.reward_error if verify else None,
             termination_reason=termination,
             network_mode=tally.network_mode,
+            verifier_trust=verify.verifier_trust if verify else None,
             turns=scaffold.turns if scaffold else self._progress.turns,
             replayed_turns=scaffold.replayed_turns if scaffold else 0,
             generated_turns=scaffold.turns - scaffold.replayed_turns if scaffold else 0,
@@ -639,13 +642,19 @@ def _steps_outcome(steps: list[StepResult], strategy: str | None) -> tuple[Scaff
         logs_uri=last.logs_uri,
     )
     combined = combine_rewards(strategy, [s.rewards if s.reward_valid else None for s in steps])
+    trusts = {s.verifier_trust for s in steps if s.verifier_trust is not None}
+    trust: VerifierTrust | None = "harness" if "harness" in trusts else ("separate" if trusts else None)
     if combined is None:
         reasons = [
             f"{s.name}: {s.reward_error or (s.error.message if s.error else 'no reward')}" for s in steps
         ]
-        verify = VerifyOutput(reward_error="no step has a valid reward (" + "; ".join(reasons) + ")")
+        verify = VerifyOutput(
+            reward_error="no step has a valid reward (" + "; ".join(reasons) + ")", verifier_trust=trust
+        )
     else:
-        verify = VerifyOutput(rewards=combined, reward=scalar_reward(combined), reward_valid=True)
+        verify = VerifyOutput(
+            rewards=combined, reward=scalar_reward(combined), reward_valid=True, verifier_trust=trust
+        )
     return scaffold, verify
 
 

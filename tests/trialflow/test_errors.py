@@ -17,6 +17,8 @@ from trialflow import errors as E
         (E.SandboxLost, True),
         (E.SandboxPathNotFound, False),
         (E.OutputBudgetExceeded, False),
+        (E.SandboxRestartFailed, False),
+        (E.ToolchainUnavailable, False),
         (E.VerifierTimeout, False),
         (E.RewardMissing, False),
         (E.UnknownScaffold, False),

@@ -288,15 +288,37 @@ async def test_missing_base_image_is_made_once(tmp_path, docker_client, make_bac
                 docker_client.images.remove(tag, force=True)
 
 
-async def test_exec_abandoned_when_a_detached_child_holds_the_output_open(make_backend):
+async def test_exec_timeout_kills_a_detached_descendant(sandbox_for):
+    # setsid leaves the process group coreutils' timeout killed; its parentage still shows.
+    sb = await sandbox_for(load_task(EXAMPLES / "create-file"))
+    res = await sb.exec("setsid sleep 120 & sleep 60", timeout_s=1)
+    assert res.timed_out and res.exit_code == 137 and res.duration_s < 10, res
+    left = await sb.exec(["sh", "-c", "for p in /proc/[0-9]*; do cat $p/cmdline; echo; done"])
+    assert "sleep120" not in left.stdout.replace("\x00", ""), left.stdout
+
+
+async def test_exec_timeout_does_not_trust_the_sandbox_timeout(sandbox_for):
+    # A planted `timeout` that ignores its deadline: the host ends the command anyway.
+    sb = await sandbox_for(load_task(EXAMPLES / "create-file"))
+    plant = "printf '#!/bin/sh\\nshift 3; exec \"$@\"\\n' > /usr/local/bin/timeout && chmod +x /usr/local/bin/timeout"
+    assert (await sb.exec(plant, user="0")).ok
+    res = await sb.exec(["sleep", "30"], timeout_s=1)
+    assert res.timed_out and res.exit_code == 137 and res.duration_s < 10, res
+
+
+async def test_exec_returns_when_a_detached_child_holds_the_output_open(make_backend):
     be = make_backend(exec_grace_s=2)
     sb = await be.create(load_task(EXAMPLES / "create-file"), trial_id="detached")
     try:
         await sb.start()
-        # setsid moves the child out of the process group `timeout` kills; it keeps stdout open.
-        res = await sb.exec("setsid sleep 120 & sleep 60", timeout_s=1)
-        assert res.timed_out and res.exit_code == 137 and "exec abandoned" in res.stderr
-        assert 3 <= res.duration_s < 15
+        # A child of a subshell that already ended (reparented to the container's init) in a
+        # session of its own: neither a descendant nor in the group the timeout kills; it
+        # keeps stdout open.
+        res = await sb.exec("(setsid sleep 120 &); sleep 60", timeout_s=1)
+        # The engine closes an exec's streams 2 s after its process ended; the grace (2 s
+        # here) may run out first ("exec abandoned"): either way the exec returns.
+        assert res.timed_out and res.exit_code == 137, res
+        assert 1 <= res.duration_s < 15
         # The sandbox stays usable.
         assert (await sb.exec("echo alive", timeout_s=10)).stdout == "alive\n"
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.trialflow.conftest import EXAMPLES
+from trialflow.sandbox import toolchain
 from trialflow.sandbox.reaper import LABEL_VERIFIER_OF
 from trialflow.separate_verifier import verify_separately
 from trialflow.tasks import load_task
@@ -142,7 +143,10 @@ async def test_the_verifier_sandbox_is_isolated_like_every_sandbox(
         hc = info["HostConfig"]
         assert hc["NetworkMode"] == "none" and hc["PidsLimit"] == 1024
         assert "NET_RAW" in hc["CapDrop"] and "no-new-privileges:true" in hc["SecurityOpt"]
-        assert info["Mounts"] == []  # no bind mount shared with the agent's sandbox or the host
+        # No bind mount shared with the agent's sandbox; from the host only the harness's
+        # read-only toolchain, and the restart marker's own volume.
+        mounts = {(m["Type"], m["Destination"], m["RW"]) for m in info["Mounts"]}
+        assert mounts == {("bind", toolchain.BUSYBOX, False), ("volume", toolchain.STATE_DIR, True)}, mounts
         assert info["Config"]["Image"] == task.separate_verifier.image.tag
         assert info["Config"]["Labels"][LABEL_VERIFIER_OF] == agent.id
     finally:

@@ -34,7 +34,7 @@ async def test_a_replaced_cat_cannot_forge_the_reward(sandbox_for):
     assert result.files == {"reward.txt": "0\n"}
 
 
-async def test_a_planted_reward_survives_no_replaced_rm(sandbox_for):
+async def test_a_planted_reward_is_removed_whatever_rm_the_agent_left(sandbox_for):
     # verifier-error's test.sh crashes before writing a reward: only a planted one could count.
     task = load_task(EXAMPLES / "verifier-error")
     sb = await sandbox_for(task)
@@ -45,4 +45,6 @@ async def test_a_planted_reward_survives_no_replaced_rm(sandbox_for):
     assert (await sb.exec(plant, user="0")).ok
     result = await run_verifier(sb, task)
     assert not result.reward_valid and result.reward == 0.0
-    assert "could not be cleared" in (result.reason or ""), result.reason
+    # The toolchain's rm ran, not the replaced one: the planted reward is gone and the
+    # honest outcome (test.sh crashed before writing one) stands.
+    assert "wrote neither" in (result.reason or ""), result.reason

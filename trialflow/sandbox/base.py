@@ -34,6 +34,12 @@ Guarantees every backend gives (docs/design.md, "Sandbox network and reward inte
 - Processes: a pids limit, no privilege escalation (no-new-privileges, no raw sockets),
   and `stop_processes` stops everything the agent started, enforced from outside.
 - Files: `download` reads through the backend, not through binaries inside the sandbox.
+- Harness toolchain: every sandbox holds the host's static busybox, read-only, at
+  `trialflow.sandbox.toolchain.BUSYBOX`; what the harness itself runs in a sandbox goes
+  through it by absolute path (`toolchain.tool`), never through the image's PATH. Exec
+  timeouts are enforced from outside the sandbox.
+- Verification: `restart_for_verification` ends every process, the keep-alive included,
+  and starts the sandbox again from its files with a keep-alive the agent never touched.
 
 A Kubernetes backend fits the same ABCs (isolation: a NetworkPolicy denying all egress and
 ingress, and a sidecar in the pod serving the session's routes on 127.0.0.1 over a Unix
@@ -139,6 +145,28 @@ class Sandbox(abc.ABC):
         (no binary inside it is trusted), and return how many were killed. After it returns,
         nothing the agent started runs any more, and the file system holds what it left.
         Raises SandboxLost (also when the processes cannot be stopped)."""
+
+    @abc.abstractmethod
+    async def restart_for_verification(self) -> None:
+        """End every process of the sandbox, its keep-alive included (nothing the agent
+        started, attached to or rewrote survives), and start it again from its file system
+        with a keep-alive from the harness's toolchain, running neither the image's
+        ENTRYPOINT nor anything on its PATH (the agent's to rewrite). Works on a sandbox the
+        agent stopped (killed its keep-alive). Listeners served into the sandbox before
+        (`listen_loopback`) no longer reach it. Raises SandboxLost (gone, engine
+        unreachable) or SandboxRestartFailed (the engine could not start it from what the
+        agent left: the agent's outcome)."""
+
+    @abc.abstractmethod
+    async def is_running(self) -> bool:
+        """True while the sandbox runs; False when it stopped but still exists (its files
+        kept: e.g. the agent killed its keep-alive). Raises SandboxLost when it no longer
+        exists or the engine is unreachable."""
+
+    @abc.abstractmethod
+    async def base_environment(self) -> dict[str, str]:
+        """The environment the sandbox was created with (the image's and the task's), as the
+        engine holds it: nothing inside the sandbox can change it. Raises SandboxLost."""
 
     @abc.abstractmethod
     async def stop(self) -> None:

@@ -6,9 +6,12 @@ are `DockerImages` (`trialflow.sandbox.docker_images`: build once per environmen
 make missing base images).
 
 Containers: `network_mode="none"` (`SandboxPolicy.isolate_network`), `init=True` (zombie
-reaping); the image's ENTRYPOINT runs as Harbor runs it, with `sh -c "exec sleep infinity"`
-as its arguments in place of the image's CMD (`KEEPALIVE_COMMAND`), and `start()` refuses
-a container whose entrypoint exited; limits only where task.toml sets them, as in Harbor
+reaping: the engine's own init, a host binary); the harness's toolchain (the host's static
+busybox) bind-mounted read-only and the launcher as ENTRYPOINT (`trialflow.sandbox.toolchain`):
+at the first start the image's ENTRYPOINT runs as Harbor runs it, with `sh -c "exec sleep
+infinity"` as its arguments in place of the image's CMD (`KEEPALIVE_COMMAND`), and `start()`
+refuses a container whose entrypoint exited; the verification restart
+(`DockerSandbox.restart_for_verification`) starts it with the toolchain's sleep instead; limits only where task.toml sets them, as in Harbor
 (`nano_cpus` = cpus clamped to the host's CPUs, `mem_limit` = memory_mb with no extra swap), hardened by the
 backend's `SandboxPolicy` (`docker_create_options`: pids limit, no-new-privileges, dropped
 capabilities, optional read-only root and runtime). `storage_mb` is enforced only where
@@ -22,8 +25,9 @@ Labels on every container:
 on the backend's own thread pool, not asyncio's default one, so long agent execs cannot
 starve other calls.
 
-Task images must provide `sleep` and `timeout` (coreutils or busybox), plus `bash` for
-string commands; every image built `FROM trialflow-base:bookworm` has them.
+Task images must provide `sh` and `sleep` (the agent phase's keep-alive), plus `bash` for
+string commands; every image built `FROM trialflow-base:bookworm` has them. Exec timeouts
+are enforced from the host (`DockerSandbox.exec`), not by a `timeout` inside the sandbox.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Required, TypedDict, TypeVar
 
 import docker
@@ -44,7 +49,7 @@ import docker.types
 import requests.exceptions
 
 from trialflow.errors import ImageUnavailable, SandboxLost, SandboxStartFailed, TaskEnvMissing
-from trialflow.sandbox import seccomp
+from trialflow.sandbox import seccomp, toolchain
 from trialflow.sandbox.base import ImageInfo, Mount, ReapReport, Sandbox, SandboxBackend
 from trialflow.sandbox.docker_images import BaseImageMaker, DockerImages, dockerfile_bases
 from trialflow.sandbox.docker_sandbox import DockerSandbox
@@ -67,7 +72,7 @@ __all__ = ["DockerBackend", "DockerSandbox", "dockerfile_bases", "resolve_env"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-EXEC_GRACE_S = 30.0  # host-side slack past an in-container timeout before abandoning
+EXEC_GRACE_S = 30.0  # slack past an exec's timeout (its processes killed) before abandoning its stream
 DEFAULT_OUTPUT_CAP = 4 << 20  # bytes kept per stream (tail)
 # What Harbor's compose file gives the main service: the image's ENTRYPOINT runs (with
 # this as its arguments, so an entrypoint that ends in `exec "$@"` starts its services
@@ -90,6 +95,8 @@ class DockerBackend(SandboxBackend):
     Dockerfile says `FROM` one that is missing, it is made first (once, under a lock).
     Default: `trialflow-base:bookworm` via `trialflow.sandbox.base_image` (debootstrap, minutes on a
     fresh machine). Pass `{}` to disable. `exec_grace_s`: see the module docstring.
+    `toolchain`: the host's static busybox mounted into every sandbox (checked at the first
+    `create`: ToolchainUnavailable when missing or dynamically linked).
     """
 
     def __init__(
@@ -104,6 +111,7 @@ class DockerBackend(SandboxBackend):
         exec_grace_s: float = EXEC_GRACE_S,
         policy: SandboxPolicy | None = None,
         limits: TransferLimits | None = None,
+        toolchain: Path = toolchain.HOST_BUSYBOX,
     ) -> None:
         self.client = client
         # budgets of downloads (trialflow.sandbox.transfer); the log limits unless a caller
@@ -118,6 +126,9 @@ class DockerBackend(SandboxBackend):
         self.images = DockerImages(client, self._run, base_images)
         self._host_cpus: float | None = None
         self._storage_quota: bool | None = None
+        self._toolchain = toolchain
+        self._toolchain_checked = False
+        self._entrypoints: dict[str, list[str] | None] = {}
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -161,6 +172,23 @@ class DockerBackend(SandboxBackend):
                 )
         return self._storage_quota
 
+    def _image_entrypoint(self, image: ImageInfo) -> list[str] | None:
+        """The image's own ENTRYPOINT (the launcher runs it at the first start), by image id."""
+        if image.image_id not in self._entrypoints:
+            config = self.client.api.inspect_image(image.tag)["Config"] or {}
+            self._entrypoints[image.image_id] = config.get("Entrypoint") or None
+        return self._entrypoints[image.image_id]
+
+    def _toolchain_mounts(self) -> list[docker.types.Mount]:
+        if not self._toolchain_checked:
+            toolchain.check_host_busybox(self._toolchain)
+            self._toolchain_checked = True
+        return [
+            docker.types.Mount(toolchain.BUSYBOX, str(self._toolchain), type="bind", read_only=True),
+            # A volume: its mount point cannot be moved, and it takes the marker on a read-only root.
+            docker.types.Mount(toolchain.STATE_DIR, None, type="volume"),
+        ]
+
     def container_labels(self, task: Task, trial_id: str, extra: Mapping[str, str] | None) -> dict[str, str]:
         return {
             **self.labels,
@@ -199,10 +227,17 @@ class DockerBackend(SandboxBackend):
             raise TaskEnvMissing(f"task {task.name}: {where}.env: {e}") from None
         name = f"tf-{_slug(trial_id)}-{uuid.uuid4().hex[:8]}"
         binds = [docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in mounts]
+        binds += self._toolchain_mounts()
+        try:
+            image_entrypoint = await self._run(lambda: self._image_entrypoint(image))
+        except docker.errors.ImageNotFound as e:
+            raise ImageUnavailable(f"task {task.name}: image {image.tag} vanished: {e}") from e
+        entrypoint, command = toolchain.launcher(image_entrypoint, KEEPALIVE_COMMAND)
         kwargs: dict[str, object] = {
             "image": image.tag,
             "name": name,
-            "command": KEEPALIVE_COMMAND,
+            "entrypoint": entrypoint,
+            "command": command,
             "init": True,
             "detach": True,
             "labels": self.container_labels(task, trial_id, labels),

@@ -1,10 +1,11 @@
 """One Docker container as a `Sandbox`: exec, upload, download, stop (lifecycle in
 `trialflow.sandbox.base`; create sandboxes through `DockerBackend`).
 
-Exec timeouts run the command under coreutils `timeout -s KILL` inside the container (kills
-the command's process group; exit 137). If the output stream stays open past the deadline
-plus a grace period (a daemonized child holding stdout), the exec is abandoned on the host
-side and reported as timed out with empty output. Each stream keeps its last
+Exec timeouts are enforced from the host: at the deadline the exec's process, its
+descendants and its process group are killed by host pid (`processes.exec_tree`; exit 137),
+so no binary inside the sandbox (a planted `timeout`) decides when a command ends. If the
+output stream stays open past the deadline plus a grace period (a daemonized child holding
+stdout), the exec is abandoned and reported as timed out with empty output. Each stream keeps its last
 `output_cap` bytes (`_TailBuffer`). Downloads are streamed and charged to an allowance
 (`trialflow.sandbox.transfer`; by default the backend's log limits). Engine errors that mean the container is gone (404,
 409 "not running", engine unreachable) become `SandboxLost`.
@@ -13,7 +14,9 @@ side and reported as timed out with empty output. Each stream keeps its last
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import io
 import socket
 import tarfile
 import tempfile
@@ -27,8 +30,14 @@ import docker.errors
 import docker.utils
 import requests.exceptions
 
-from trialflow.errors import EntrypointExited, SandboxLost, SandboxPathNotFound, SandboxStartFailed
-from trialflow.sandbox import processes
+from trialflow.errors import (
+    EntrypointExited,
+    SandboxLost,
+    SandboxPathNotFound,
+    SandboxRestartFailed,
+    SandboxStartFailed,
+)
+from trialflow.sandbox import processes, toolchain
 from trialflow.sandbox.base import ExecResult, Sandbox
 from trialflow.sandbox.netns import listen_in_netns
 from trialflow.sandbox.reaper import LABEL_VERIFIER_OF
@@ -129,7 +138,7 @@ class DockerSandbox(Sandbox):
         # The image's ENTRYPOINT runs first (as in Harbor); one that exits takes the
         # container with it. A first exec gives it a moment and proves the sandbox answers.
         try:
-            ready = await self.exec(["true"], timeout_s=60)
+            ready = await self.exec(toolchain.tool("true"), timeout_s=60)
         except (SandboxLost, docker.errors.APIError):  # exited meanwhile: 409 or 500 "is not running"
             ready = None
         state = await self._call(lambda: api.inspect_container(self._cid)["State"])
@@ -154,62 +163,90 @@ class DockerSandbox(Sandbox):
         workdir: str | None = None,
     ) -> ExecResult:
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if timeout_s is not None:
-            # coreutils `timeout` takes fractional seconds; KILL because TERM can be trapped.
-            argv = ["timeout", "-s", "KILL", f"{max(timeout_s, 0.001):.3f}", *argv]
         t0 = time.monotonic()
-
-        def blocking():
-            return self._exec_blocking(argv, env, user, workdir)
-
+        api = self._backend.client.api
+        exec_id = await self._call(
+            lambda: api.exec_create(
+                self._cid,
+                argv,
+                stdout=True,
+                stderr=True,
+                stdin=False,
+                tty=False,
+                environment=dict(env) if env else None,
+                user="" if user is None else str(user),
+                workdir=workdir,
+            )["Id"]
+        )
+        run = asyncio.ensure_future(self._call(lambda: self._exec_blocking(exec_id)))
         try:
             if timeout_s is None:
-                code, out, err = await self._call(blocking)
-            else:
-                grace = self._backend.exec_grace_s
-                code, out, err = await asyncio.wait_for(self._call(blocking), timeout_s + grace)
-        except TimeoutError:
-            return ExecResult(
-                exit_code=137,
-                stdout="",
-                timed_out=True,
-                duration_s=time.monotonic() - t0,
-                stderr=f"[trialflow: output stream still open {grace:g}s after the timeout "
-                f"(a background process kept it open); exec abandoned]",
-            )
-        duration = time.monotonic() - t0
-        timed_out = timeout_s is not None and code in (124, 137) and duration >= timeout_s
-        return ExecResult(code, out, err, timed_out, duration)
+                code, out, err = await run
+                return ExecResult(code, out, err, False, time.monotonic() - t0)
+            try:
+                code, out, err = await asyncio.wait_for(asyncio.shield(run), timeout_s)
+                return ExecResult(code, out, err, False, time.monotonic() - t0)
+            except TimeoutError:
+                pass
+            await self._kill_exec(exec_id)
+            grace = self._backend.exec_grace_s
+            try:
+                code, out, err = await asyncio.wait_for(asyncio.shield(run), grace)
+            except TimeoutError:
+                return ExecResult(
+                    exit_code=137,
+                    stdout="",
+                    timed_out=True,
+                    duration_s=time.monotonic() - t0,
+                    stderr=f"[trialflow: output stream still open {grace:g}s after the timeout "
+                    f"(a background process kept it open); exec abandoned]",
+                )
+            return ExecResult(code, out, err, True, time.monotonic() - t0)
+        except asyncio.CancelledError:
+            # No in-sandbox timeout would ever end it: the caller gave up, so it ends now.
+            await asyncio.shield(self._kill_exec(exec_id))
+            raise
 
-    def _exec_blocking(
-        self, argv: list[str], env: Mapping[str, str] | None, user: str | int | None, workdir: str | None
-    ) -> tuple[int, str, str]:
+    async def _kill_exec(self, exec_id: str) -> None:
+        """SIGKILL an exec's process tree by host pid (a few sweeps: it may be forking)."""
         api = self._backend.client.api
-        ex = api.exec_create(
-            self._cid,
-            argv,
-            stdout=True,
-            stderr=True,
-            stdin=False,
-            tty=False,
-            environment=dict(env) if env else None,
-            user="" if user is None else str(user),
-            workdir=workdir,
-        )
+        try:
+            info = await self._call(lambda: api.exec_inspect(exec_id))
+        except (SandboxLost, docker.errors.APIError):
+            return  # the container (and with it the exec) is gone
+        pid = info.get("Pid") or 0
+        if not info.get("Running") or pid <= 0:
+            return
+
+        def sweep() -> int:
+            try:
+                procs = processes.cgroup_procs_file(pid)
+                return processes.kill_pids(processes.exec_tree(pid, procs))
+            except OSError:
+                return 0  # it ended meanwhile
+
+        for _ in range(20):
+            if not await self._backend._run(sweep):
+                return
+            await asyncio.sleep(0.01)
+
+    def _exec_blocking(self, exec_id: str) -> tuple[int, str, str]:
+        api = self._backend.client.api
         out, err = _TailBuffer(self._backend.output_cap), _TailBuffer(self._backend.output_cap)
-        for o, e in api.exec_start(ex["Id"], stream=True, demux=True):
+        for o, e in api.exec_start(exec_id, stream=True, demux=True):
             if o:
                 out.add(o)
             if e:
                 err.add(e)
-        code = api.exec_inspect(ex["Id"])["ExitCode"]
+        code = api.exec_inspect(exec_id)["ExitCode"]
         return (-1 if code is None else code), out.text(), err.text()
 
     async def upload(self, local_path: str | Path, remote_dir: str) -> None:
         local = Path(local_path)
         if not await asyncio.to_thread(local.exists):
             raise FileNotFoundError(f"upload source does not exist: {local}")
-        mk = await self.exec(["mkdir", "-p", remote_dir], user="0")
+        # The toolchain's mkdir: the sandbox's own may be the agent's.
+        mk = await self.exec(toolchain.tool("mkdir", "-p", remote_dir), user="0", timeout_s=60)
         if not mk.ok:
             raise SandboxLost(f"mkdir -p {remote_dir} failed in {self._name}: {mk.stderr.strip()}")
         api = self._backend.client.api
@@ -292,6 +329,56 @@ class DockerSandbox(Sandbox):
             await asyncio.sleep(0.02)
         raise SandboxLost(f"sandbox {self._name}: processes survived SIGKILL: {sorted(left)[:10]}")
 
+    async def is_running(self) -> bool:
+        state = await self._call(lambda: self._backend.client.api.inspect_container(self._cid)["State"])
+        return bool(state.get("Running"))
+
+    async def base_environment(self) -> dict[str, str]:
+        env = await self._call(lambda: self._backend.client.api.inspect_container(self._cid)["Config"]["Env"])
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env or [])
+
+    async def restart_for_verification(self) -> None:
+        """SIGKILL the container's init (the kernel then kills every process of its pid
+        namespace: the keep-alive, anything that attached to it, any daemon), mark the state
+        volume from the host, start it again: the launcher now execs the toolchain's sleep
+        (`trialflow.sandbox.toolchain`). Also for a container the agent stopped. Raises
+        SandboxLost (gone, engine unreachable) or SandboxRestartFailed (the engine answered
+        but could not start it from the files the agent left)."""
+        api = self._backend.client.api
+
+        def kill() -> None:
+            if api.inspect_container(self._cid)["State"].get("Running"):
+                try:
+                    api.kill(self._cid, signal="SIGKILL")
+                except docker.errors.APIError as e:
+                    if e.status_code != 409:  # 409: it stopped meanwhile
+                        raise
+                api.wait(self._cid, timeout=60)
+
+        try:
+            await self._call(kill)
+        except requests.exceptions.ReadTimeout as e:
+            raise SandboxLost(f"sandbox {self._name} did not stop: {e}") from e
+        # Written while no process of the sandbox exists, so nothing of the agent's can
+        # undo it; a marker the agent planted itself only asks for this same mode.
+        try:
+            await self._call(lambda: api.put_archive(self._cid, toolchain.STATE_DIR, _marker_tar()))
+        except docker.errors.APIError as e:
+            raise SandboxRestartFailed(f"sandbox {self._name}: cannot mark {toolchain.STATE_DIR}: {e}") from e
+        try:
+            await self._call(lambda: api.start(self._cid))
+        except SandboxLost:
+            raise
+        except docker.errors.APIError as e:
+            raise SandboxRestartFailed(f"sandbox {self._name} could not be started again: {e}") from e
+        ready = None
+        with contextlib.suppress(SandboxLost, docker.errors.APIError):
+            ready = await self.exec(toolchain.tool("true"), timeout_s=60)
+        if ready is None or not ready.ok:
+            raise SandboxRestartFailed(
+                f"sandbox {self._name} does not run commands after its restart: {ready}"
+            )
+
     async def stop(self) -> None:
         """Removes the container, and any separate verifier made for it that is still there
         (one whose verification was cut short: the worker died mid-verify)."""
@@ -312,6 +399,16 @@ class DockerSandbox(Sandbox):
         except requests.exceptions.ConnectionError as e:
             raise SandboxLost(f"docker engine unreachable while removing {self._name}: {e}") from e
         self._stopped = True
+
+
+def _marker_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        body = b"the verification restart\n"
+        info = tarfile.TarInfo(toolchain.VERIFY_MARKER)
+        info.size, info.mode = len(body), 0o644
+        tar.addfile(info, io.BytesIO(body))
+    return buf.getvalue()
 
 
 def _remove(api: docker.APIClient, container_id: str) -> None:

@@ -105,3 +105,33 @@ def kill_pids(pids: set[int]) -> int:
         except ProcessLookupError:
             continue
     return killed
+
+
+def _ppid_pgrp(pid: int) -> tuple[int, int] | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return int(fields[1]), int(fields[2])
+
+
+def exec_tree(pid: int, procs_file: Path) -> set[int]:
+    """`pid` (an exec's process, by host pid), its descendants, and the members of its
+    process group when it leads one: what an exec's timeout kills (coreutils `timeout`
+    kills the group; a descendant that left it with setsid is caught by the parentage).
+    A process reparented to the container's init is no longer either: it outlives the
+    exec as it would coreutils' timeout (`stop_processes` and the verification restart
+    end it)."""
+    links = {p: link for p in cgroup_pids(procs_file) if (link := _ppid_pgrp(p)) is not None}
+    if pid not in links:
+        return set()
+    tree, grew = {pid}, True
+    while grew:
+        grew = False
+        for p, (ppid, _) in links.items():
+            if ppid in tree and p not in tree:
+                tree.add(p)
+                grew = True
+    if links[pid][1] == pid:
+        tree |= {p for p, (_, pgrp) in links.items() if pgrp == pid}
+    return tree

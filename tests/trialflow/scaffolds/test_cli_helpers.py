@@ -182,6 +182,15 @@ class _UntouchedSandbox(Sandbox):
     async def upload(self, local_path, remote_dir):
         raise AssertionError("sandbox used")
 
+    async def restart_for_verification(self):
+        raise AssertionError("sandbox used")
+
+    async def is_running(self):
+        raise AssertionError("sandbox used")
+
+    async def base_environment(self):
+        raise AssertionError("sandbox used")
+
     async def download(self, remote_path, local_dir, *, allowance=None):
         raise AssertionError("sandbox used")
 
