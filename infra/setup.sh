@@ -13,6 +13,8 @@ command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v tmux >/dev/null || need_apt+=(tmux)
 # The harness's own toolchain in every sandbox (trialflow.sandbox.toolchain): one static binary.
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
+# Builds the preload attack's library in tests/integrity/test_harness.py.
+command -v gcc >/dev/null || need_apt+=(gcc)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[setup] apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,0 +1,3 @@
+#!/bin/bash
+# The control: the task solved.
+echo "Hello, trialflow!" > /app/hello.txt
