@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from trialflow.cli import app
@@ -180,6 +181,29 @@ def test_flags_override_environment(monkeypatch):
         ["http://env:8000"],
         7,
     )
+
+
+def test_store_dir_flag_wins_over_an_s3_endpoint_in_the_environment(monkeypatch, tmp_path):
+    from trialflow.cli._app import settings_from_flags
+    from trialflow.storage import LocalStore, open_store
+
+    monkeypatch.setenv("TRIALFLOW_S3_ENDPOINT", "http://127.0.0.1:9")
+    assert settings_from_flags().s3_endpoint == "http://127.0.0.1:9"
+    s = settings_from_flags(store_dir=tmp_path / "store")  # was: ignored, results went to S3
+    assert s.s3_endpoint is None and isinstance(open_store(s), LocalStore)
+    with pytest.raises(typer.BadParameter, match="not both"):
+        settings_from_flags(store_dir=tmp_path, s3="http://127.0.0.1:9")
+
+
+def test_run_says_where_results_go(tmp_path, monkeypatch):
+    """The local directory store is never chosen silently: `run` prints this line."""
+    from trialflow.cli._app import console, say_store
+    from trialflow.settings import load_settings
+
+    monkeypatch.delenv("TRIALFLOW_S3_ENDPOINT", raising=False)
+    with console.capture() as cap:
+        say_store(load_settings(store_dir=tmp_path / "st"))
+    assert f"the local directory {tmp_path / 'st'}" in cap.get() and "TRIALFLOW_S3_ENDPOINT" in cap.get()
 
 
 def test_worker_flags_parse_into_settings():

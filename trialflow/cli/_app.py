@@ -32,4 +32,19 @@ def settings_from_flags(**flags) -> TrialflowSettings:
         "replica_urls": flags.pop("replicas", None) or None,
         "model_dir": flags.pop("model_dir", None),
     }
-    return load_settings(**renamed, **flags)
+    if renamed["s3_endpoint"] and renamed["store_dir"]:
+        raise typer.BadParameter("give --s3 or --store-dir, not both (one result store per run)")
+    settings = load_settings(**renamed, **flags)
+    if renamed["store_dir"] is not None and settings.s3_endpoint:
+        # the flag names this run's store: it wins over an endpoint in the environment
+        settings = settings.model_copy(update={"s3_endpoint": None})
+    return settings
+
+
+def say_store(settings: TrialflowSettings) -> None:
+    """One line naming where results go, so a local directory is never chosen silently."""
+    if settings.s3_endpoint:
+        where = f"S3 {settings.s3_endpoint} bucket {settings.s3_bucket}"
+    else:
+        where = f"the local directory {settings.store_dir} (no S3 endpoint: --s3 or TRIALFLOW_S3_ENDPOINT)"
+    console.print(f"results go to {where}", highlight=False, soft_wrap=True)

@@ -21,6 +21,7 @@ from trialflow.cli._app import (
     StoreDirOpt,
     TemporalOpt,
     console,
+    say_store,
     settings_from_flags,
 )
 from trialflow.cli._views import results_table, status_table, trial_progress
@@ -136,6 +137,7 @@ def run(
         raise typer.BadParameter(str(err), param_hint="--scaffold") from None
     batch_index.record(settings, batch_id)  # `inspect` / `report` find its store again
     console.print(f"batch [bold]{batch_id}[/]: {len(specs)} trials")
+    say_store(settings)
     results = asyncio.run(run_specs(settings, specs, external_worker=external_worker, title=scaffold))
     console.print(results_table(results, title=f"batch {batch_id}"))
     raise typer.Exit(1 if any(r.failed for r in results) else 0)
