@@ -1,9 +1,12 @@
-"""What a separate verifier environment costs per verification (issue 13), measured in one
-run on one Docker engine against the shared-mode baseline.
+"""What a separate verifier environment (issue 13) and the shared mode's verification restart
+(issue 20) cost per verification, measured in one run on one Docker engine.
 
 The same task twice (written to a temp dir, FROM trialflow-base:bookworm): the agent writes
-/app/out.txt; test.sh compares it with an expected file. ``shared``: `run_verifier` in the
-agent's sandbox (stop_processes, tests uploaded, test.sh run, rewards read). ``separate``:
+/app/out.txt; test.sh compares it with an expected file. ``stop_processes``: the shared
+verification before issue 20 (`Sandbox.stop_processes`, which spares the keep-alive, then
+`run_tests`). ``shared``: `run_verifier` in the agent's sandbox (the verification restart:
+every process killed, the container started again with the toolchain's keep-alive; tests
+uploaded, test.sh run, rewards read). ``separate``:
 `verify_separately` (stop_processes, the artifact copied out, a fresh verifier sandbox
 from tests/Dockerfile created and started, the artifact put in, test.sh run, the verifier
 sandbox removed). The agent sandbox's own set-up and teardown are outside both timings.
@@ -53,16 +56,19 @@ async def main(trials: int) -> dict:
     from trialflow.sandbox import DockerBackend
     from trialflow.separate_verifier import verify_separately
     from trialflow.tasks import load_task
-    from trialflow.verifier import run_verifier
+    from trialflow.verifier import run_tests, run_verifier
 
     backend = DockerBackend(
         docker.from_env(), labels={"trialflow.bench": f"sepverify-{uuid.uuid4().hex[:6]}"}
     )
     with tempfile.TemporaryDirectory(prefix="tf-bench-sv-") as tmp:
+        shared = load_task(_write(Path(tmp) / "shared", False))
         tasks = {
-            mode: load_task(_write(Path(tmp) / mode, mode == "separate")) for mode in ("shared", "separate")
+            "stop_processes": shared,
+            "shared": shared,
+            "separate": load_task(_write(Path(tmp) / "separate", True)),
         }
-        times: dict[str, list[float]] = {"shared": [], "separate": []}
+        times: dict[str, list[float]] = {mode: [] for mode in tasks}
         for i in range(trials + 1):
             for mode, task in tasks.items():
                 agent = await backend.create(task, trial_id=f"bench-{mode}-{i}")
@@ -70,7 +76,10 @@ async def main(trials: int) -> dict:
                     await agent.start()
                     assert (await agent.exec("echo done > /app/out.txt")).ok
                     t0 = time.perf_counter()
-                    if mode == "shared":
+                    if mode == "stop_processes":
+                        await agent.stop_processes()
+                        result = await run_tests(agent, task, agent_sandbox=True)
+                    elif mode == "shared":
                         result = await run_verifier(agent, task)
                     else:
                         out = Path(tmp) / f"art-{i}"
@@ -90,6 +99,7 @@ async def main(trials: int) -> dict:
         "min_s": {k: round(min(v), 3) for k, v in times.items()},
         "separate_minus_shared_s": round(med["separate"] - med["shared"], 3),
         "ratio": round(med["separate"] / med["shared"], 2),
+        "restart_minus_stop_processes_s": round(med["shared"] - med["stop_processes"], 3),
     }
 
 

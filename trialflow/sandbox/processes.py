@@ -1,7 +1,10 @@
 """A container's processes seen from the host: list them by cgroup, kill all but the keep-alive.
 
-Used before verification (`Sandbox.stop_processes`): nothing the agent started may run
-while the verifier works (a daemon rewriting reward.txt, a process racing the tests). It
+Used before a separate verifier copies the artifacts out (`Sandbox.stop_processes`: nothing
+the agent started keeps writing them), and for exec timeouts (`exec_tree`). Shared-mode
+verification does not rely on it: the keep-alive it spares could have been taken over
+(/proc/PID/mem needs no ptrace), so the sandbox is restarted instead
+(`Sandbox.restart_for_verification`). It
 runs on the host, by host pid, so no binary inside the sandbox (a replaced `kill`, `sh`
 or `ps`) is trusted. Needs the worker to share the host's pid namespace and cgroup file
 system with the engine, as root (a worker on the machine, or a privileged node agent).
