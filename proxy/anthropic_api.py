@@ -522,6 +522,7 @@ _TYPE_NAMES = {
     "request_too_large": "request_too_large",
     "turn_limit_reached": "invalid_request_error",
     "budget_spent": "invalid_request_error",
+    "rate_limited": "rate_limit_error",
 }
 
 

@@ -11,7 +11,8 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
     │   │   └── ReplayDiverged [400]   a record-only replay got a request its record cannot answer
     │   ├── NotFound [404]             unknown session, secret or route
     │   ├── RequestTimeout [408]       the body did not arrive within the server's read timeout
-    │   └── PayloadTooLarge [413]      body over the server's size limit
+    │   ├── PayloadTooLarge [413]      body over the server's size limit
+    │   └── TooManyRequests [429]      the session's requests in flight (count or body bytes) at their limit
     └── BackendError [5xx]             the replicas failed; the request itself was fine
         ├── ReplicaUnavailable [503]   no healthy replica (or all retries spent)
         ├── BackendHTTPError [502]     a replica answered with an unexpected HTTP status
@@ -19,7 +20,7 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
 
 ``ProtocolError`` subclasses carry a neutral ``error_type`` (``invalid_request``,
 ``not_found``, ``request_too_large``, ``context_exhausted``, ``turn_limit_reached``,
-``budget_spent``) that the
+``budget_spent``, ``rate_limited``) that the
 protocol modules map to their own type names. ``BackendError`` is retryable from the
 client's point of view: both official SDKs retry 409 and 5xx/529 answers on their own.
 
@@ -37,6 +38,7 @@ ErrorType = Literal[
     "context_exhausted",
     "turn_limit_reached",
     "budget_spent",
+    "rate_limited",
 ]
 
 
@@ -148,6 +150,14 @@ class PayloadTooLarge(ProtocolError):
         super().__init__(413, f"{what} exceeds the limit of {limit} bytes", "request_too_large")
         self.size = size
         self.limit = limit
+
+
+class TooManyRequests(ProtocolError):
+    """A session's listener limits (`proxy.limits.RequestGate`): the request is refused
+    before its body is read. Both official SDKs retry a 429 with backoff."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(429, message, "rate_limited")
 
 
 class BackendError(ProxyError):

@@ -439,6 +439,8 @@ def _error(err: BaseException) -> tuple[int, str, str, str | None, str | None]:
             f"{err.prompt_tokens} input tokens. Please reduce the length of the input messages."
         )
         return 400, message, "invalid_request_error", "messages", "context_length_exceeded"
+    if isinstance(err, ProtocolError) and err.error_type == "rate_limited":
+        return err.status, err.message, "requests", None, "rate_limit_exceeded"  # OpenAI's 429 shape
     if isinstance(err, ProtocolError):
         kind = "not_found_error" if err.error_type == "not_found" else "invalid_request_error"
         code = None if err.error_type == "invalid_request" else err.error_type

@@ -50,6 +50,13 @@ not arrived within ``body_timeout_s`` -> 408; values nested deeper than the enco
 adapters reject -> their 4xx. An unexpected exception is logged and answered 500 (never
 expected; tests assert it does not happen).
 
+Limits per session (``proxy.limits``): at most ``session_max_requests`` requests in flight
+and ``session_max_queued_bytes`` of their bodies, taken before a body is read (else 429 in
+the protocol's shape, which the SDKs retry); a session-bound listener holds at most
+``session_max_connections`` connections (else 503 and closed). So one sandbox flooding its
+listener costs the proxy neither memory nor the worker's file descriptors, and the other
+sessions' turns go on.
+
 Streaming: each turn is generated with one non-streaming backend call. The response
 waits up to ``keepalive_s`` for the turn before committing to a 200 event stream, so errors
 that come quickly (context exhausted, bad request) keep their HTTP status. After that it
@@ -79,7 +86,21 @@ from aiohttp import web
 
 from proxy import anthropic_api, jsonio, openai_api, responses_api
 from proxy.chat import ChatRequest, TurnOutcome
-from proxy.errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError, RequestTimeout
+from proxy.errors import (
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    ProxyError,
+    RequestTimeout,
+    TooManyRequests,
+)
+from proxy.limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_QUEUED_BYTES,
+    DEFAULT_MAX_REQUESTS,
+    RequestGate,
+    capped,
+)
 from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, check_parsers
 from proxy.pool import ReplicaPool, SharedPools, replica_url
 from proxy.prefix_cache import PrefixCache
@@ -114,7 +135,8 @@ class _Entry:
     session: Session
     secret: str
     shared_pool: ReplicaPool | None  # the shared pool of this session's own replica list
-    listeners: list[web.AppRunner] = field(default_factory=list)  # `serve_session` sites
+    gate: RequestGate = field(default_factory=RequestGate)  # requests in flight (proxy.limits)
+    listeners: list[tuple[asyncio.Server, web.AppRunner]] = field(default_factory=list)  # `serve_session`
 
 
 # On a session-bound app (`serve_session`): the (session id, secret) every request is for.
@@ -192,6 +214,9 @@ class ProxyServer:
         header_timeout_s: float = 75.0,
         body_timeout_s: float = 60.0,
         large_body_bytes: int = DEFAULT_LARGE_BODY_BYTES,
+        session_max_requests: int = DEFAULT_MAX_REQUESTS,
+        session_max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        session_max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         if tokenizer is None:
             if model_dir is None:
@@ -229,6 +254,11 @@ class ProxyServer:
         self._workers: ThreadPoolExecutor | None = None  # for large bodies, while started
         self.keepalive_s = keepalive_s
         self.header_timeout_s, self.body_timeout_s = header_timeout_s, body_timeout_s
+        self.session_max_requests, self.session_max_queued_bytes = (
+            session_max_requests,
+            session_max_queued_bytes,
+        )
+        self.session_max_connections = session_max_connections
         self._sessions: dict[str, _Entry] = {}
         self._turns: set[asyncio.Future[TurnOutcome]] = set()
         self._background: set[asyncio.Future[None]] = set()
@@ -340,7 +370,8 @@ class ProxyServer:
             if shared is not None:
                 self._release_later(shared)
             raise
-        self._sessions[sid] = _Entry(session, secret, shared)
+        gate = RequestGate(self.session_max_requests, self.session_max_queued_bytes)
+        self._sessions[sid] = _Entry(session, secret, shared, gate)
         base = f"{self.base_url}/s/{sid}/{secret}"
         return SessionHandle(sid, secret, base, f"{base}/v1")
 
@@ -350,7 +381,8 @@ class ProxyServer:
         entry = self._sessions.pop(session_id, None)
         if entry is None:
             raise NotFound(f"unknown session {session_id}")
-        for runner in entry.listeners:
+        for server, runner in entry.listeners:
+            server.close()
             await runner.cleanup()
         try:
             trajectory = await entry.session.close()
@@ -371,7 +403,9 @@ class ProxyServer:
         made, typically inside a sandbox's network namespace (``Sandbox.listen_loopback``).
         Returns the base URL a client there uses (``http://127.0.0.1:PORT``); the OpenAI base
         is that + ``/v1``. The listener closes with the session. Nothing else is reachable
-        through it: no management route, no other session."""
+        through it: no management route, no other session. It holds at most
+        ``session_max_connections`` connections (``proxy.limits.capped``: the one over is
+        answered 503 and closed), each closed when idle for ``header_timeout_s``."""
         entry = self._sessions.get(session_id)
         if entry is None:
             raise NotFound(f"unknown session {session_id}")
@@ -381,12 +415,15 @@ class ProxyServer:
             app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=self.header_timeout_s
         )
         await runner.setup()
+        assert runner.server is not None  # set up
         try:
-            await web.SockSite(runner, sock).start()
+            server = await asyncio.get_running_loop().create_server(
+                capped(runner.server, self.session_max_connections), sock=sock
+            )
         except BaseException:
             await runner.cleanup()
             raise
-        entry.listeners.append(runner)
+        entry.listeners.append((server, runner))
         host, port = sock.getsockname()[:2]
         return f"http://{host}:{port}"
 
@@ -445,6 +482,25 @@ class ProxyServer:
         return app
 
     @web.middleware
+    async def _gated(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """The session's `RequestGate` around a protocol request: a place is taken before
+        the body is read (a chunked body counts as the body limit), or 429 in the
+        protocol's shape. Requests for no known session go on to their 404."""
+        bound = request.app.get(_BOUND)
+        entry = self._sessions.get(bound[0] if bound else request.match_info.get("sid", ""))
+        if entry is None:
+            return await handler(request)
+        declared = request.content_length
+        if declared is None:
+            declared = self.max_body_bytes if request.body_exists else 0
+        try:
+            with entry.gate.admit(min(declared, self.max_body_bytes)):
+                return await handler(request)
+        except TooManyRequests as exc:
+            anthropic = "/v1/messages" in request.path or "anthropic-version" in request.headers
+            return _error((anthropic_api if anthropic else openai_api).render_error(exc))
+
+    @web.middleware
     async def _require_token(self, request: web.Request, handler: Any) -> web.StreamResponse:
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {self.management_token}".encode()):
@@ -467,7 +523,7 @@ class ProxyServer:
     def _protocol_app(self, prefix: str) -> web.Application:
         """The protocol routes under ``prefix`` (``/s/{sid}/{secret}``, or "" on a
         session-bound listener)."""
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._gated])
         r = app.router
         r.add_post(f"{prefix}/v1/messages", self._anthropic_messages)
         r.add_post(f"{prefix}/v1/messages/count_tokens", self._anthropic_count_tokens)

@@ -90,6 +90,15 @@ class TrialflowSettings(BaseSettings):
     transfer_log_bytes: int = Field(default=32 << 20, gt=0)
     transfer_log_files: int = Field(default=1_000, gt=0)
 
+    # Listeners served into a sandbox (docs/design.md, "Listener limits"): connections each
+    # of a sandbox's listeners (egress proxy, proxy session) holds at most, further bounded
+    # by the worker's fair share of its file descriptors (trialflow.worker.connection_cap);
+    # a tunnel idle this long is closed; a session's requests in flight and their body bytes.
+    sandbox_max_connections: int = Field(default=64, gt=0)
+    egress_idle_timeout_s: float = Field(default=120.0, gt=0)
+    session_max_requests: int = Field(default=8, gt=0)
+    session_max_queued_bytes: int = Field(default=32 << 20, gt=0)
+
     max_concurrent_trials: int = Field(default=4, gt=0)
     metrics_port: int = 0
     worker_id: str | None = None

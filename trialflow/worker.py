@@ -20,9 +20,11 @@ in-process worker and the tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
+import resource
 import signal
 import socket
 from collections.abc import Callable
@@ -45,7 +47,7 @@ from trialflow.errors import StorageError
 from trialflow.metrics import TrialMetrics
 from trialflow.policy_sync import join_weight_syncs, unregister_proxy
 from trialflow.sandbox import DockerBackend
-from trialflow.sandbox.egress import Egresses
+from trialflow.sandbox.egress import Egresses, EgressLimits
 from trialflow.scaffolds import register_scaffold
 from trialflow.settings import TrialflowSettings
 from trialflow.storage import open_store
@@ -79,7 +81,31 @@ def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
         replicas=settings.replica_urls,
         defaults=SessionConfig(model=settings.model_name),
         profile=settings.model_profile,
+        session_max_requests=settings.session_max_requests,
+        session_max_queued_bytes=settings.session_max_queued_bytes,
+        session_max_connections=connection_cap(settings),
     )
+
+
+# A trial's sandboxes (the agent's, a separate verifier's) and the descriptors one slot of
+# their listeners can hold: an egress tunnel's two plus a session connection.
+_SANDBOXES_PER_TRIAL, _FDS_PER_SLOT = 2, 3
+
+
+def connection_cap(settings: TrialflowSettings) -> int:
+    """Connections each listener of a sandbox may hold: `sandbox_max_connections`, but no
+    more than a fair share of half this process's file-descriptor limit (the other half
+    is for Temporal, the engine, the store and the replicas) among the sandboxes of
+    `max_concurrent_trials` trials, so that all of them flooding at once still leave the
+    worker descriptors. The soft limit is raised to the hard one first (logged)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.info("file-descriptor limit raised from %d to %d", soft, hard)
+            soft = hard
+    share = soft // 2 // (settings.max_concurrent_trials * _SANDBOXES_PER_TRIAL * _FDS_PER_SLOT)
+    return max(4, min(settings.sandbox_max_connections, share))
 
 
 def build_id() -> str:
@@ -157,7 +183,12 @@ class WorkerProcess:
         if self.proxy is not None:
             await self.proxy.start()
             await join_weight_syncs(store, self.proxy, worker_id)
-        self.egresses = egresses = Egresses()  # the sandboxes' egress proxies, shared by their activities
+        # the sandboxes' egress proxies, shared by their activities
+        self.egresses = egresses = Egresses(
+            EgressLimits(
+                max_connections=connection_cap(settings), idle_timeout_s=settings.egress_idle_timeout_s
+            )
+        )
         self.sandboxes = sandbox = SandboxActivities(self.backend, store.uri, queue, metrics, egresses)
         scaffold = ScaffoldActivities(
             self.proxy, self.backend, store, metrics, self.client, settings.model_name, egresses

@@ -10,8 +10,8 @@ import ipaddress
 import socket
 
 import pytest
-from aiohttp import web
 
+from tests.integrity._support import text_service
 from tests.trialflow.conftest import EXAMPLES
 from trialflow.sandbox.egress import Egresses, own_address
 from trialflow.sandbox.network import NetworkPolicy
@@ -32,21 +32,6 @@ for target in sys.argv[1:]:
 """
 
 
-async def _service(host: str) -> tuple[web.AppRunner, int]:
-    app = web.Application()
-
-    async def page(request: web.Request) -> web.Response:
-        return web.Response(text="worker service")
-
-    app.router.add_get("/{tail:.*}", page)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind((host, 0))
-    await web.SockSite(runner, sock).start()
-    return runner, sock.getsockname()[1]
-
-
 async def test_listed_names_resolving_to_the_worker_reach_nothing(sandbox_for):
     hostname = socket.gethostname()
     resolved = {info[4][0] for info in socket.getaddrinfo(hostname, 80, type=socket.SOCK_STREAM)}
@@ -54,8 +39,8 @@ async def test_listed_names_resolving_to_the_worker_reach_nothing(sandbox_for):
         [hostname] if not any(ipaddress.ip_address(a).is_global for a in resolved) else []
     )
     sb = await sandbox_for(load_task(EXAMPLES / "create-file"))
-    service, port = await _service("127.0.0.1")  # stands in for SeaweedFS / Temporal
-    listed, listed_port = await _service("127.0.0.2")
+    service, port = await text_service("127.0.0.1", "worker service")  # stands in for SeaweedFS / Temporal
+    listed, listed_port = await text_service("127.0.0.2", "worker service")
     egresses = Egresses()
     try:
         policy = NetworkPolicy("allowlist", (*names, "*.localhost", "127.0.0.2"))

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests._worker_fixtures import worker_settings
+from tests.integrity._support import fd_count, peaks
 from trialflow import batch
 from trialflow.settings import TrialflowSettings
 
@@ -50,14 +51,6 @@ def _flooding_task(root: Path, mode: str) -> Path:
     return task
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 def _leftovers() -> set[str]:
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(("tf-", "trialflow-"))}
 
@@ -81,22 +74,11 @@ async def test_a_sparse_gigabyte_artifact_is_refused_and_the_neighbour_is_unharm
     await _timed(client, [warm], settings.task_queue)  # builds the image, warms the worker
     [idle], idle_s = await _timed(client, [idle_spec], settings.task_queue)
     assert (idle.reward, idle.reward_valid) == (1.0, True)
-    before_files, before_rss, before_tmp = len(os.listdir("/proc/self/fd")), _rss_mib(), _leftovers()
-    peak = before_rss
-
-    async def sample() -> None:
-        nonlocal peak
-        while True:
-            peak = max(peak, _rss_mib())
-            await asyncio.sleep(0.05)
-
-    sampler = asyncio.create_task(sample())
-    try:
+    before_tmp = _leftovers()
+    async with peaks(0.05) as seen:
         flood_run = asyncio.create_task(_timed(client, [flood_spec], settings.task_queue))
         [busy], busy_s = await _timed(client, [busy_spec], settings.task_queue)
         [flood], flood_s = await flood_run
-    finally:
-        sampler.cancel()
 
     assert flood.termination_reason == "verifier_error" and not flood.reward_valid, flood
     assert flood.error is not None and flood.error.type == "OutputBudgetExceeded", flood.error
@@ -106,8 +88,8 @@ async def test_a_sparse_gigabyte_artifact_is_refused_and_the_neighbour_is_unharm
     assert flood_s < 60, flood_s  # refused by the tar header: no gigabyte read, no retry loop
     assert (busy.reward, busy.reward_valid) == (1.0, True)
     assert busy_s <= 3 * idle_s + 2, (busy_s, idle_s)
-    assert peak - before_rss < 150, (before_rss, peak)  # was +1 GB
-    assert len(os.listdir("/proc/self/fd")) <= before_files + 16
+    assert seen.rss_growth_mib < 150, seen  # was +1 GB
+    assert fd_count() <= seen.base_fds + 16, seen
     assert _leftovers() <= before_tmp
 
 

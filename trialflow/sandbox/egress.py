@@ -11,6 +11,12 @@ checked address is the one dialled (the name is never resolved twice: DNS rebind
 anything else is answered ``403`` (policy), ``400`` (not a proxy request) or ``502``
 (unreachable) and closed. Every decision is logged; `EgressProxy.log` keeps them for the
 trial's logs. The policy can change between phases (`set_policy`, e.g. the verifier's).
+
+Limits (`EgressLimits`), so one sandbox cannot take the worker's file descriptors (each
+tunnel holds two: the sandbox's side and the upstream's): at most `max_connections`
+connections per sandbox (the one over is answered ``503`` and closed at once); a request
+head must arrive within `header_timeout_s`; a tunnel with no byte moving either way for
+`idle_timeout_s` is closed.
 """
 
 from __future__ import annotations
@@ -20,15 +26,28 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from proxy.limits import capped
 from trialflow.sandbox.base import Sandbox
 from trialflow.sandbox.network import Address, NetworkPolicy
 
 log = logging.getLogger(__name__)
 
 MAX_HEAD = 64 * 1024
+
+
+@dataclass(frozen=True)
+class EgressLimits:
+    """Per sandbox (module docstring). Defaults: 64 connections (pip opens up to ~10,
+    npm ~16), a head within 10 s, a tunnel idle for 120 s closed (a package download
+    moves bytes all the time)."""
+
+    max_connections: int = 64
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -79,10 +98,18 @@ def parse_target(method: str, target: str) -> tuple[str, int] | None:
 
 
 class EgressProxy:
-    def __init__(self, policy: NetworkPolicy, *, sandbox: str, connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        policy: NetworkPolicy,
+        *,
+        sandbox: str,
+        connect_timeout_s: float = 10.0,
+        limits: EgressLimits | None = None,
+    ) -> None:
         self.policy = policy
         self.sandbox = sandbox
         self.connect_timeout_s = connect_timeout_s
+        self.limits = limits or EgressLimits()
         self.log: list[EgressDecision] = []
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -94,7 +121,15 @@ class EgressProxy:
     async def start(self, sock: socket.socket) -> str:
         """Serve on `sock` (a listener inside the sandbox); returns the proxy URL for the
         sandbox's HTTP(S)_PROXY."""
-        self._server = await asyncio.start_server(self._client, sock=sock)
+        loop = asyncio.get_running_loop()
+
+        def stream() -> asyncio.Protocol:  # what asyncio.start_server makes per connection
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=MAX_HEAD), self._client)
+
+        # Over the cap a connection is answered 503 and closed as it is accepted (never
+        # queued as a task); the accept batch (backlog) bounds the descriptors in between.
+        cap = self.limits.max_connections
+        self._server = await loop.create_server(capped(stream, cap), sock=sock, backlog=min(128, max(8, cap)))
         self.port = sock.getsockname()[1]
         return f"http://127.0.0.1:{self.port}"
 
@@ -114,7 +149,7 @@ class EgressProxy:
         self._tasks.add(task)
         try:
             await self._handle(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
             pass
         finally:
             self._tasks.discard(task)
@@ -139,7 +174,8 @@ class EgressProxy:
         )
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
+        async with asyncio.timeout(self.limits.header_timeout_s):  # a slow head holds a slot
+            head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > MAX_HEAD:
             return await self._answer(writer, "431 Request Header Fields Too Large")
         request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
@@ -171,14 +207,40 @@ class EgressProxy:
                 await writer.drain()
             else:
                 up_writer.write(head)
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            moved = _Activity()
+            idle = self.limits.idle_timeout_s
+            await asyncio.gather(_pipe(reader, up_writer, moved, idle), _pipe(up_reader, writer, moved, idle))
         finally:
             up_writer.close()
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+class _Activity:
+    """When a tunnel last moved a byte, either way (shared by its two pipes)."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def idle_for(self) -> float:
+        return time.monotonic() - self.last
+
+
+async def _pipe(
+    src: asyncio.StreamReader, dst: asyncio.StreamWriter, moved: _Activity, idle_s: float
+) -> None:
+    """Copy `src` to `dst` until EOF, or until neither direction moved for `idle_s` (then
+    both ends are closed: the other pipe ends too)."""
     try:
-        while data := await src.read(65536):
+        while True:
+            try:
+                data = await asyncio.wait_for(src.read(65536), max(idle_s - moved.idle_for(), 0.01))
+            except TimeoutError:
+                if moved.idle_for() < idle_s:
+                    continue  # the other direction moved meanwhile
+                dst.close()
+                return
+            if not data:
+                break
+            moved.last = time.monotonic()
             dst.write(data)
             await dst.drain()
     except ConnectionError:
@@ -205,7 +267,8 @@ class Egresses:
     the sandbox (`close`). Shared by the set-up, scaffold, verify and teardown activities
     of the worker (they all run on the sandbox's host)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: EgressLimits | None = None) -> None:
+        self.limits = limits or EgressLimits()
         self._proxies: dict[str, EgressProxy] = {}
         self._urls: dict[str, str] = {}
 
@@ -220,7 +283,7 @@ class Egresses:
         if existing is None:
             if policy.mode == "public":
                 log.warning("sandbox %s: network mode public (egress to global addresses)", sandbox.id)
-            existing = self._proxies[sandbox.id] = EgressProxy(policy, sandbox=sandbox.id)
+            existing = self._proxies[sandbox.id] = EgressProxy(policy, sandbox=sandbox.id, limits=self.limits)
             self._urls[sandbox.id] = await existing.start(await sandbox.listen_loopback())
         return proxy_env(self._urls[sandbox.id])
 
