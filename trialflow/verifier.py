@@ -254,17 +254,19 @@ async def run_tests(
     removed too."""
     cfg = task.config.verifier
     timeout = timeout_s if timeout_s is not None else cfg.timeout_sec
-    cleared = [VERIFIER_LOG_DIR] if bundled_tests else [TESTS_DIR, VERIFIER_LOG_DIR]
-    if agent_sandbox:  # planted for test.sh's interpreters (a static toolchain ignores it)
-        cleared.append(LD_SO_PRELOAD)
+    emptied = [VERIFIER_LOG_DIR] if bundled_tests else [TESTS_DIR, VERIFIER_LOG_DIR]
     b = BUSYBOX
+    # Emptied, not removed: with a read-only root /tests is a volume's mount point. A link or
+    # a file in a directory's place goes first (the toolchain's rm does not follow links).
+    script = " && ".join(
+        f"{{ if [ -L {d} ] || {{ [ -e {d} ] && [ ! -d {d} ]; }}; then {b} rm -f {d}; fi; }} && "
+        f"{b} mkdir -p {d} && {b} find {d} -mindepth 1 -maxdepth 1 -exec {b} rm -rf {{}} +"
+        for d in emptied
+    )
+    if agent_sandbox:  # planted for test.sh's interpreters (a static toolchain ignores it)
+        script += f" && {b} rm -rf {LD_SO_PRELOAD}"
     prep = await sandbox.exec(
-        tool(
-            "sh",
-            "-c",
-            f"{b} rm -rf {' '.join(cleared)} && {b} mkdir -p {VERIFIER_LOG_DIR} && "
-            f"{b} chmod 777 {VERIFIER_LOG_DIR}",
-        ),
+        tool("sh", "-c", f"{script} && {b} chmod 777 {VERIFIER_LOG_DIR}"),
         user="0",
         timeout_s=60,
     )

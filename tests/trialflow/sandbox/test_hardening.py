@@ -8,6 +8,7 @@ from trialflow.sandbox import seccomp
 from trialflow.sandbox.docker import docker_create_options
 from trialflow.sandbox.policy import SandboxPolicy
 from trialflow.tasks import load_task
+from trialflow.verifier import run_verifier
 
 pytestmark = pytest.mark.docker
 
@@ -152,6 +153,10 @@ async def _check_read_only(sb, task):
     await sb.upload(task.tests_dir, "/tests")
     listed = await sb.exec("ls /tests")
     assert "test.sh" in listed.stdout
+    # The verification restart marks its state volume through the same API on a read-only root.
+    assert (await sb.exec(f"echo 'Hello, trialflow!' > {workdir}/hello.txt")).ok
+    verdict = await run_verifier(sb, task)
+    assert (verdict.reward_valid, verdict.reward) == (True, 1.0), verdict
 
 
 def test_storage_limit_support_is_detected(backend, caplog):
