@@ -19,9 +19,18 @@ Outcomes vs failures:
                       -> outcome "scaffold_error", verified from its files (the verify
                          activity restarts it): the agent's doing, never an infra_error
 - typed infra errors  -> raised as ApplicationError (retryable or not per trialflow.errors);
-  the workflow starts a new attempt for retryable ones. An agent that failed while no
-  replica of its pool answers a health probe raises retryable `ReplicaUnavailable` (the
-  model was down, not the agent wrong); its trajectory and logs are stored first. A
+  the workflow starts a new attempt for retryable ones (it replays this attempt's recorded
+  turns, so the retry costs the replicas nothing up to the failure).
+- the agent saw infrastructure -> retryable `ReplicaUnavailable`, whatever the agent's exit
+  code, so such an attempt is never verified and trained as the model's outcome; its last
+  attempt ends the trial "infra_error" (reward invalid, masked in training). `infra_cause`
+  decides, from the session's counters: a request answered with an infrastructure error
+  (no replica within the proxy's outage hold, `counters.infra_errors`; the session then fails
+  every later request at once, `SessionConfig.infra_ends_session`), a request still held when
+  the agent was stopped (counted the same), an agent timeout in an attempt whose turns were
+  held for an outage (`counters.outage_holds`: the outage ate the agent's time), or an agent
+  that failed while no replica of its pool answers a fresh health probe. The trajectory and
+  logs are stored first. A
   scaffold that needs a model on a worker without one raises non-retryable
   `ModelNotConfigured`. The spec's sampling settings were validated when it was made.
 Resume by replay: with `ScaffoldInput.replay_from` set, the session is seeded with that
@@ -54,7 +63,7 @@ from temporalio.service import RPCError
 from activities._support import application_error, heartbeat_interval, heartbeating, typed_errors
 from proxy.errors import InvalidRequest
 from proxy.replay import ReplayRecord
-from proxy.trajectory import Trajectory
+from proxy.trajectory import Counters, Trajectory
 from trialflow.errors import InvalidSampling, ModelNotConfigured, ReplicaUnavailable, SandboxLost
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import Sandbox, SandboxBackend
@@ -169,11 +178,10 @@ class ScaffoldActivities:
                         )
             async with heartbeating(interval_s=heartbeat_interval()):
                 logs_uri = await self._store_logs(keys, outcome, Path(tmp))
-        if replicas_down:
-            # The agent failed because no model answered: infrastructure, not the agent.
-            raise application_error(
-                ReplicaUnavailable(f"no replica answered during {inp.trial_id} attempt {inp.attempt}")
-            )
+        cause = infra_cause(trajectory.counters if trajectory else None, outcome.timed_out, replicas_down)
+        if cause is not None:
+            # The agent met infrastructure, not a task: this attempt says nothing about the model.
+            raise application_error(ReplicaUnavailable(f"{inp.trial_id} attempt {inp.attempt}: {cause}"))
         for turn in trajectory.turns if trajectory else ():
             self._metrics.proxy_turn_seconds.observe(turn.latency_s)
         seconds = time.monotonic() - started
@@ -273,6 +281,8 @@ class ScaffoldActivities:
             max_context_tokens=_smaller(inp.max_context_tokens, config.max_context_tokens),
             max_response_tokens=_smaller(inp.max_response_tokens, config.max_response_tokens),
             overlong_ends_session=budget or config.overlong_ends_session,
+            # an attempt that saw infrastructure is retried (infra_cause): fail the rest at once
+            infra_ends_session=True,
             model=model or config.model,
             sampling=replace(config.sampling, **inp.sampling.overrides()),
             replicas=tuple(inp.replicas or config.replicas),
@@ -341,6 +351,23 @@ class _LiveBeat:
             activity.heartbeat(self.beat())
         except Exception as err:  # noqa: BLE001 - e.g. called outside the activity's context
             log.debug("scaffold heartbeat not sent: %s", err)
+
+
+def infra_cause(counters: Counters | None, timed_out: bool, replicas_down: bool) -> str | None:
+    """Why an attempt's outcome is infrastructure's, not the agent's (module docstring), or
+    None. ``counters``: the session's (None: no session); ``replicas_down``: the agent failed
+    while no replica of its pool answered a health probe."""
+    if counters is not None and counters.infra_errors:
+        n = counters.infra_errors
+        return (
+            f"the agent saw {n} infrastructure error{'s' if n != 1 else ''} (no replica could serve its turn)"
+        )
+    if counters is not None and timed_out and counters.outage_holds:
+        n = counters.outage_holds
+        return f"the agent timed out in an attempt whose turns waited for a replica ({n} held)"
+    if replicas_down:
+        return "the agent failed while no replica answered"
+    return None
 
 
 def _smaller(a: int | None, b: int | None) -> int | None:

@@ -34,7 +34,7 @@ import json
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -59,6 +59,8 @@ def is_retryable(exc: BackendError) -> bool:
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+# A health probe's verdict (VLLMClient.probe).
+Health = Literal["up", "down", "silent"]
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -304,10 +306,18 @@ class VLLMClient:
 
     async def healthy(self, timeout_s: float = 5.0) -> bool:
         """True when ``GET /health`` answers 200 within ``timeout_s``; never raises."""
+        return await self.probe(timeout_s) == "up"
+
+    async def probe(self, timeout_s: float = 5.0) -> Health:
+        """``GET /health``: "up" (200), "down" (another status, or the connection refused or
+        dropped: nothing serves there) or "silent" (no answer within ``timeout_s``: hung, or
+        too busy to answer, e.g. its server stalled by a long prefill). Never raises."""
         try:
             async with self._session().get(
                 f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
-                return resp.status == 200
-        except (TimeoutError, aiohttp.ClientError):
-            return False
+                return "up" if resp.status == 200 else "down"
+        except TimeoutError:
+            return "silent"
+        except aiohttp.ClientError:
+            return "down"

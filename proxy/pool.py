@@ -18,7 +18,21 @@ Policy (the one place retries live):
   pieces are stitched into ONE ``Generation`` (``resumed_after_abort`` counts resumes).
   After ``max_resumes`` resumes the pool gives up with ``GenerationAborted``.
 - A background task polls ``GET /health`` every ``health_interval_s`` (None: no polling;
-  failures and successes of real calls still update the marks).
+  failures and successes of real calls still update the marks). A replica with calls in
+  flight whose probe gets no answer ("silent", not refused) is busy, not down: a long prefill
+  can stall its HTTP server. It keeps its mark for up to ``busy_grace_s`` of silent probes
+  (its calls' deadlines judge it meanwhile); a refused connection or an error status marks
+  it down at once, and a replica with nothing in flight is marked down on its first silence.
+- While no replica can serve a turn (every one failed it: down, refused, 5xx, deadline; or
+  none configured), the turn is HELD, not failed: it waits for a replica to be marked up
+  (the health loop's probe, a replica added; without a health loop it probes every
+  ``outage_retry_s`` itself) and is tried again, at most every ``outage_retry_s``, for up to
+  ``outage_hold_s`` (default 300 s, below the 600 s read timeout of the official SDKs and
+  Claude Code, so a non-streaming client is still waiting; streaming clients get the
+  server's keep-alive pings meanwhile). Only past that bound does it fail with
+  ``ReplicaUnavailable``; ``outage_hold_s`` 0 fails at once. ``on_hold`` (an argument of
+  ``generate``) is called when a turn starts to be held. The first ``max_model_len`` is
+  waited for the same way (``context_limit(hold=True)``).
 - A hung replica (a stopped process, a wedged GPU) answers neither the turn nor the health
   probe. Each generation attempt therefore has a deadline (``Deadlines``: a grace period
   plus ``max_tokens`` over the replica's observed tokens per second, times a slack) and is
@@ -39,6 +53,7 @@ normalises them and raises ``ValueError`` for anything else).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -99,6 +114,8 @@ class Deadlines:
 
 # weight of the newest call in a replica's tokens-per-second average
 _RATE_WEIGHT = 0.3
+# How long a turn waits for a replica while none can serve it (module docstring).
+DEFAULT_OUTAGE_HOLD_S = 300.0
 
 
 @dataclass
@@ -117,6 +134,7 @@ class Replica:
     assigned: int = 0  # sessions ever stuck to it (round-robin among otherwise equal replicas)
     tokens_per_s: float | None = None  # observed generation rate (see Deadlines)
     down: asyncio.Event = field(default_factory=asyncio.Event)
+    silent_since: float | None = None  # first of the current run of unanswered probes (monotonic)
 
     @property
     def up(self) -> bool:
@@ -183,6 +201,9 @@ class ReplicaPool:
     ``client_factory`` builds the per-replica client (tests pass one with short timeouts).
     ``health_timeout_s`` bounds one health probe (a hung replica is marked down after it).
     ``deadlines``: per-attempt generation deadlines (module docstring).
+    ``outage_hold_s`` / ``outage_retry_s``: how long a turn no replica can serve is held, and
+    how often it looks again; ``busy_grace_s``: how long a replica with calls in flight may
+    leave probes unanswered before it is marked down (module docstring).
     """
 
     def __init__(
@@ -194,7 +215,19 @@ class ReplicaPool:
         health_timeout_s: float = 5.0,
         max_resumes: int = 8,
         deadlines: Deadlines = Deadlines(),
+        outage_hold_s: float = DEFAULT_OUTAGE_HOLD_S,
+        outage_retry_s: float = 1.0,
+        busy_grace_s: float = 60.0,
     ) -> None:
+        if outage_hold_s < 0 or outage_retry_s <= 0 or busy_grace_s < 0:
+            raise ValueError("outage_hold_s and busy_grace_s must be >= 0, outage_retry_s > 0")
+        self.outage_hold_s, self.outage_retry_s, self.busy_grace_s = (
+            outage_hold_s,
+            outage_retry_s,
+            busy_grace_s,
+        )
+        # set (and replaced) whenever a replica may have become able to serve: held turns wake
+        self._came_up = asyncio.Event()
         self._factory = client_factory
         self._health_timeout_s = health_timeout_s
         self.deadlines = deadlines
@@ -215,6 +248,12 @@ class ReplicaPool:
         if url not in self._replicas:
             self._replicas[url] = Replica(url, self._factory(url), order=self._added)
             self._added += 1
+            self._wake_held()
+
+    def _wake_held(self) -> None:
+        """Wake the turns held for an outage (a replica came up or was added)."""
+        event, self._came_up = self._came_up, asyncio.Event()
+        event.set()
 
     def remove_replica(self, url: str) -> None:
         """Stop routing new work to ``url`` (unknown urls are ignored). Its in-flight calls
@@ -272,24 +311,65 @@ class ReplicaPool:
         await self.close()
 
     async def check_health(self) -> None:
-        """Probe every replica once and update its mark."""
+        """Probe every replica once and update its mark (a busy replica's silence is
+        forgiven for ``busy_grace_s``: module docstring)."""
         reps = list(self._replicas.values())
-        results = await asyncio.gather(*(r.client.healthy(self._health_timeout_s) for r in reps))
-        for rep, ok in zip(reps, results, strict=True):
+        results = await asyncio.gather(*(r.client.probe(self._health_timeout_s) for r in reps))
+        now = time.monotonic()
+        came_up = False
+        for rep, state in zip(reps, results, strict=True):
+            ok = state == "up"
+            if state == "silent" and rep.up and rep.in_flight > 0:
+                if rep.silent_since is None:
+                    rep.silent_since = now
+                if now - rep.silent_since < self.busy_grace_s:
+                    log.debug(
+                        "replica %s: no health answer with %d calls in flight: busy", rep.url, rep.in_flight
+                    )
+                    continue
+            rep.silent_since = now if state == "silent" else None
             if rep.up != ok:
-                log.info("replica %s is now %s", rep.url, "up" if ok else "down")
+                log.info("replica %s is now %s (health: %s)", rep.url, "up" if ok else "down", state)
+                came_up |= ok
             rep.up = ok
+        if came_up:
+            self._wake_held()
 
-    async def context_limit(self) -> int | None:
+    async def context_limit(self, *, hold: bool = False) -> int | None:
         """The smallest ``max_model_len`` over the replicas (asked once per replica, on first
-        use); None when no replica reports one."""
-        missing = [r for r in self._replicas.values() if r.max_model_len is None]
-        for rep, n in zip(
-            missing, await asyncio.gather(*(r.client.max_model_len() for r in missing)), strict=True
-        ):
-            rep.max_model_len = n
-        known = [r.max_model_len for r in self._replicas.values() if r.max_model_len is not None]
-        return min(known) if known else None
+        use); None when no replica reports one. ``hold``: while none does, wait for a replica
+        as a held turn does (up to ``outage_hold_s``), then None."""
+        deadline = time.monotonic() + self.outage_hold_s
+        while True:
+            missing = [r for r in self._replicas.values() if r.max_model_len is None]
+            for rep, n in zip(
+                missing, await asyncio.gather(*(r.client.max_model_len() for r in missing)), strict=True
+            ):
+                rep.max_model_len = n
+            known = [r.max_model_len for r in self._replicas.values() if r.max_model_len is not None]
+            if (
+                known
+                or not hold
+                or time.monotonic() >= deadline
+                or not await self._wait_for_replica(deadline)
+            ):
+                return min(known) if known else None
+
+    async def _wait_for_replica(self, deadline: float) -> bool:
+        """Wait ``outage_retry_s`` (less at the deadline), then until some replica is marked up
+        (probing itself when no health loop runs); False once ``deadline`` (monotonic) passed
+        with none up."""
+        await asyncio.sleep(max(0.0, min(self.outage_retry_s, deadline - time.monotonic())))
+        while True:
+            if self._health_task is None:
+                await self.check_health()
+            if any(r.up for r in self._replicas.values()):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._came_up.wait(), min(left, self.outage_retry_s))
 
     async def _health_loop(self) -> None:
         assert self._health_interval_s is not None
@@ -368,12 +448,42 @@ class ReplicaPool:
         log.warning("replica %s %s; the turn moves to another replica", rep.url, why)
         raise ReplicaUnavailable(f"{rep.url} {why}", replica=rep.url)
 
-    async def generate(self, session_key: str, req: CompletionRequest) -> Generation:
-        """Generate for ``session_key``, failing over and resuming aborts (module docstring)."""
+    async def _generate_held(
+        self, session_key: str, req: CompletionRequest, on_hold: Callable[[], None] | None
+    ) -> Generation:
+        """``_generate_once``, held while no replica can serve it (module docstring)."""
+        deadline: float | None = None
+        while True:
+            try:
+                return await self._generate_once(session_key, req)
+            except ReplicaUnavailable as exc:
+                if self.outage_hold_s <= 0:
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + self.outage_hold_s
+                    log.warning(
+                        "session %s: no replica can serve its turn (%s); holding it for up to %g s",
+                        session_key,
+                        exc,
+                        self.outage_hold_s,
+                    )
+                    if on_hold is not None:
+                        on_hold()
+                if time.monotonic() >= deadline or not await self._wait_for_replica(deadline):
+                    raise ReplicaUnavailable(
+                        f"no replica could serve the turn within {self.outage_hold_s:g} s: {exc}",
+                        replica=exc.replica,
+                    ) from None
+
+    async def generate(
+        self, session_key: str, req: CompletionRequest, *, on_hold: Callable[[], None] | None = None
+    ) -> Generation:
+        """Generate for ``session_key``, failing over, holding the turn through an outage and
+        resuming aborts (module docstring)."""
         stitch = _Stitch(prompt_ids=req.prompt_ids)
         piece_req = req
         while True:
-            piece = await self._generate_once(session_key, piece_req)
+            piece = await self._generate_held(session_key, piece_req, on_hold)
             stitch.add(piece)
             remaining = req.max_tokens - len(stitch.token_ids)
             if piece.finish_reason == "abort" and remaining <= 0:

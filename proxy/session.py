@@ -50,6 +50,16 @@ Rules and edge cases:
   there, so nothing the agent does after it (compacting and going on in a new segment the
   trainer drops) may change the outcome its reward is graded on. Tool-less side calls are
   still served, as at the turn limit.
+- Infrastructure is never the agent's to see while it can be helped: while no replica can
+  serve a turn the pool HOLDS it (proxy.pool: up to ``outage_hold_s``, then it fails;
+  streaming clients get keep-alive pings meanwhile) and ``counters.outage_holds`` += 1.
+  A turn that still fails on the backend (past the hold, a 4xx from vLLM, aborts that cannot
+  be resumed) is answered with its ``BackendError`` and counted in ``counters.infra_errors``.
+  With ``SessionConfig.infra_ends_session`` (trial attempts: one that saw infrastructure is
+  retried as such, activities.scaffold, so generating more of it would be waste) every later
+  request then fails at once the same way (counted too). A session closed while its turn is
+  held (the agent was stopped while it waited: a timeout) cancels the turn and counts it in
+  ``infra_errors``.
 - A failed turn (backend error, parse of the request) commits nothing; what was recorded
   before stays. Tokens are recorded as soon as the backend returns, even if the client has
   gone away (the server runs the turn as its own task).
@@ -86,6 +96,7 @@ from proxy.backend import CompletionRequest
 from proxy.chat import ChatRequest, FinishReason, SamplingParams, TurnOutcome
 from proxy.checkpoint import CheckpointSink
 from proxy.errors import (
+    BackendError,
     BudgetSpent,
     ContextExhausted,
     InvalidRequest,
@@ -137,6 +148,8 @@ class SessionConfig:
     ``max_response_tokens`` None: no bound per segment; else a segment holds at most its first
     prompt plus that many tokens (module docstring). ``overlong_ends_session``: the first
     overlong turn ends the agent's turns (``BudgetSpent``; module docstring).
+    ``infra_ends_session``: after a request failed on infrastructure every later one fails at
+    once (module docstring).
     ``template_kwargs`` go to every chat-template render (e.g. ``enable_thinking``).
     ``max_turns`` None: no turn limit; else the agent turns the session serves (module docstring).
     """
@@ -146,6 +159,7 @@ class SessionConfig:
     max_context_tokens: int | None = None
     max_response_tokens: int | None = None
     overlong_ends_session: bool = False
+    infra_ends_session: bool = False
     replicas: tuple[str, ...] = ()
     reasoning_parser: str | None = "auto"
     tool_parser: str | None = "auto"
@@ -179,6 +193,7 @@ class SessionConfig:
             "max_context_tokens",
             "max_response_tokens",
             "overlong_ends_session",
+            "infra_ends_session",
             "replicas",
             "metadata",
             "reasoning_parser",
@@ -216,6 +231,10 @@ class SessionConfig:
             out = replace(
                 out,
                 overlong_ends_session=_typed(body["overlong_ends_session"], bool, "overlong_ends_session"),
+            )
+        if "infra_ends_session" in body:
+            out = replace(
+                out, infra_ends_session=_typed(body["infra_ends_session"], bool, "infra_ends_session")
             )
         if "replicas" in body:
             urls = _typed(body["replicas"], list, "replicas")
@@ -341,6 +360,9 @@ class Session:
         self._mark = Mark.EMPTY
         self._lock = asyncio.Lock()
         self._pending_checkpoint: asyncio.Task[None] | None = None
+        # the running turn's backend call while the pool holds it for an outage (close cancels it)
+        self._held: asyncio.Future[Any] | None = None
+        self._held_cancelled = False
         self._ignored_logged: set[str] = set()
         # The history messages this session's requests carried, converted (the adapters take
         # it, so a resent history is validated only where it is new)
@@ -397,6 +419,11 @@ class Session:
         turn's preparation (render and encode: seconds for a request of several MiB) off the
         event loop, e.g. in a worker thread; None runs it inline."""
         _check_sampling(request.sampling)
+        if self.config.infra_ends_session and self.trajectory.counters.infra_errors and not self.closed:
+            self.trajectory.note_infra_error()
+            raise ReplicaUnavailable(
+                "an earlier turn of this attempt failed on infrastructure; it is retried"
+            )
         if request.tools and not self.closed:
             self._check_turn_limit(counts=True)  # spent limits never come back: no need to wait
         async with self._lock:
@@ -473,15 +500,10 @@ class Session:
         sampling = replace(self.config.sampling, stop=request.sampling.stop)
         started = time.time()
         version_at_start = self.policy_version
-        gen = await self.pool.generate(
-            self.id,
-            CompletionRequest(
-                model=self.config.model,
-                prompt_ids=prepared.prompt_ids,
-                max_tokens=max_tokens,
-                sampling=sampling,
-            ),
+        req = CompletionRequest(
+            model=self.config.model, prompt_ids=prepared.prompt_ids, max_tokens=max_tokens, sampling=sampling
         )
+        gen = await self._infra_call(lambda on_hold: self.pool.generate(self.id, req, on_hold=on_hold))
         pieces = self._decoder.decode(gen.token_ids)
         ended_on_eos = bool(gen.token_ids) and gen.token_ids[-1] in self.tracker.stop_ids
         stop_sequence = None
@@ -529,6 +551,31 @@ class Session:
             ),
         )
         return outcome
+
+    async def _infra_call(self, make: Callable[[Callable[[], None]], Awaitable[_T]]) -> _T:
+        """``make(on_hold)`` (a pool call): a failure is counted as infrastructure the agent saw,
+        and a call the pool holds for an outage (it calls ``on_hold``) can be cancelled by
+        ``close`` (module docstring)."""
+        call: asyncio.Future[_T] | None = None
+
+        def on_hold() -> None:
+            self.trajectory.note_outage_hold()
+            self._held = call
+
+        call = asyncio.ensure_future(make(on_hold))
+        try:
+            return await asyncio.shield(call)
+        except BackendError:
+            self.trajectory.note_infra_error()
+            raise
+        except asyncio.CancelledError:
+            if not self._held_cancelled:  # the turn itself was cancelled, not its held call
+                call.cancel()
+                raise
+            self.trajectory.note_infra_error()
+            raise ReplicaUnavailable("the session closed while its turn waited for a replica") from None
+        finally:
+            self._held = None
 
     def _commit_replayed(self, prepared: PreparedTurn, recorded: RecordedTurn) -> TurnOutcome:
         """Record ``recorded``'s generation for ``prepared`` without a replica; the answer is
@@ -592,21 +639,31 @@ class Session:
             self._pending_checkpoint = asyncio.create_task(self._checkpoint())
 
     async def context_limit(self) -> int | None:
-        """The session's context window (``SessionConfig.max_context_tokens``); None when
-        neither the config nor any replica says."""
-        try:
-            return await self._context_limit()
-        except ReplicaUnavailable:
-            return None
+        """The session's context window (``SessionConfig.max_context_tokens``, the replicas'
+        ``max_model_len``: the smaller); None when neither the config nor any replica says
+        (never waits for one)."""
+        limits = [
+            n for n in (self.config.max_context_tokens, await self.pool.context_limit()) if n is not None
+        ]
+        return min(limits) if limits else None
 
     async def _context_limit(self) -> int:
-        backend = await self.pool.context_limit()
-        limits = [n for n in (self.config.max_context_tokens, backend) if n is not None]
-        if not limits:
-            raise ReplicaUnavailable(
-                "no replica reports max_model_len and the session sets no max_context_tokens"
-            )
-        return min(limits)
+        """``context_limit`` for a turn: when only the replicas can say and none does (an
+        outage at the first turn), the turn is held for one (module docstring)."""
+        limit = await self.context_limit()
+        if limit is not None:
+            return limit
+
+        async def held(on_hold: Callable[[], None]) -> int:
+            on_hold()
+            n = await self.pool.context_limit(hold=True)
+            if n is None:
+                raise ReplicaUnavailable(
+                    "no replica reports max_model_len and the session sets no max_context_tokens"
+                )
+            return n
+
+        return await self._infra_call(held)
 
     async def _wait_checkpoint(self) -> None:
         """Wait for the background checkpoint write of the last turn, if any (never raises:
@@ -635,7 +692,11 @@ class Session:
         self.checkpoints_written += 1
 
     async def close(self) -> Trajectory:
-        """Wait for a running turn, flush a pending checkpoint, refuse further requests."""
+        """Wait for a running turn (one held for an outage is cancelled: module docstring),
+        flush a pending checkpoint, refuse further requests."""
+        if self._held is not None:
+            self._held_cancelled = True
+            self._held.cancel()
         async with self._lock:
             self.closed = True
             await self._wait_checkpoint()

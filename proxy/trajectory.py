@@ -5,12 +5,14 @@ Public API:
     Segment        one token sequence: prompt_ids + response_ids (mask/logprobs per response token)
     TurnRecord     what happened in one generation turn (counts, timing, replica, finish reason)
     TurnDelta      everything one turn adds; the only way a trajectory changes (besides notes)
-    Counters       turns, tool_calls, parse_failures, overlong, aborts_resumed, replayed, turn_limited
+    Counters       turns, tool_calls, parse_failures, overlong, aborts_resumed, replayed, turn_limited,
+                   infra_errors, outage_holds
     Mark           a position in a trajectory's history, for incremental checkpoints
     Trajectory
         .apply(delta: TurnDelta) -> TurnRecord      the fold step (in-memory mutation, no I/O)
         .note_overlong() -> None                     a request rejected as too long (no tokens)
         .note_turn_limited() -> None                 a request refused at the turn limit (no tokens)
+        .note_infra_error() / .note_outage_hold()    the agent saw infrastructure fail / a turn held
         .mark() -> Mark                              position to take the next delta from
         .delta_since(mark: Mark) -> bytes            npz with only what changed after ``mark``
         .to_bytes() -> bytes                         == delta_since(Mark.EMPTY)
@@ -297,6 +299,11 @@ class Counters:
     rewrites_client: int = 0
     rewrites_template: int = 0
     turn_limited: int = 0  # requests refused at the session's turn limit (nothing generated)
+    # Requests answered with an infrastructure error (no replica could serve them within the
+    # pool's hold, or a backend failure), and requests still held when the session closed:
+    # the agent saw infrastructure, so the attempt is no evidence about the model.
+    infra_errors: int = 0
+    outage_holds: int = 0  # turns the pool held while no replica could serve them
 
 
 @dataclass(frozen=True)
@@ -396,6 +403,14 @@ class Trajectory:
     def note_turn_limited(self) -> None:
         """Count a request refused because the session's turn limit was spent."""
         self.counters.turn_limited += 1
+
+    def note_infra_error(self) -> None:
+        """Count a request the agent saw fail on infrastructure (nothing recorded for it)."""
+        self.counters.infra_errors += 1
+
+    def note_outage_hold(self) -> None:
+        """Count a turn held while no replica could serve it."""
+        self.counters.outage_holds += 1
 
     @staticmethod
     def _merged_experts(seg: Segment, reported: np.ndarray | None, n_after: int) -> np.ndarray | None:
@@ -601,6 +616,8 @@ _LATE_COUNTERS: dict[str, Any] = {
     "rewrites_client": 0,
     "rewrites_template": 0,
     "turn_limited": 0,
+    "infra_errors": 0,
+    "outage_holds": 0,
 }
 
 

@@ -62,6 +62,11 @@ class TrialflowSettings(BaseSettings):
         ),
     )
 
+    # How long the proxy holds a turn while no replica can serve it before the turn fails (and
+    # the attempt is retried as infrastructure): proxy.pool. Keep it below the clients' read
+    # timeout (600 s for the official SDKs and Claude Code); 0: fail at once.
+    replica_outage_hold_s: float = Field(default=300.0, ge=0)
+
     proxy_host: str = "127.0.0.1"
     proxy_port: int = 0  # 0: any free port (the worker's in-process proxy)
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
 import resource
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -55,6 +56,7 @@ from workflows.shared import host_queue, setup_queue
 from workflows.trial import TrialWorkflow
 
 if TYPE_CHECKING:
+    from proxy.pool import ReplicaPool
     from proxy.server import ProxyServer
 
 log = logging.getLogger("trialflow.worker")
@@ -73,12 +75,13 @@ def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
     from proxy.session import SessionConfig
 
     use_vocabulary(settings.harmony_vocab_dir)  # before the server makes its parsers
-
+    pools = replica_pools(settings)
     return ProxyServer(
         model_dir=settings.model_dir,
         host=settings.proxy_host,
         port=settings.proxy_port,
-        replicas=settings.replica_urls,
+        pool=pools(settings.replica_urls),
+        pool_factory=pools,
         defaults=SessionConfig(model=settings.model_name),
         profile=settings.model_profile,
         session_max_requests=settings.session_max_requests,
@@ -106,6 +109,14 @@ def connection_cap(settings: TrialflowSettings) -> int:
             soft = hard
     share = soft // 2 // (settings.max_concurrent_trials * _SANDBOXES_PER_TRIAL * _FDS_PER_SLOT)
     return max(4, min(settings.sandbox_max_connections, share))
+
+
+def replica_pools(settings: TrialflowSettings) -> Callable[[Sequence[str]], ReplicaPool]:
+    """Makes the proxy's replica pools (the default one and each shared one) with the
+    settings' outage hold."""
+    from proxy.pool import ReplicaPool
+
+    return functools.partial(ReplicaPool, outage_hold_s=settings.replica_outage_hold_s)
 
 
 def build_id() -> str:

@@ -54,3 +54,24 @@ def test_timeout_and_overlong_win_over_the_turn_limit():
     assert outcome_of(_result(1), 1, overlong=True) == ("overlong", None)
     assert outcome_of(_result(124, timed_out=True), 1, turn_limited=True) == ("timeout", None)
     assert outcome_of(_result(1), 1, overlong=True, turn_limited=True) == ("overlong", None)
+
+
+def test_infrastructure_the_agent_saw_is_never_the_agents_outcome():
+    """`infra_cause`: any infrastructure error the agent saw, whatever it did next (exit 0 or
+    not); a timeout in an attempt whose turns were held for an outage; the old rule (failed
+    while every replica is down). A clean attempt, and a held turn without a timeout, are the
+    agent's own."""
+    from activities.scaffold import infra_cause
+    from proxy.trajectory import Counters
+
+    assert infra_cause(Counters(infra_errors=2), timed_out=False, replicas_down=False) == (
+        "the agent saw 2 infrastructure errors (no replica could serve its turn)"
+    )
+    assert "timed out" in (infra_cause(Counters(outage_holds=1), timed_out=True, replicas_down=False) or "")
+    assert infra_cause(Counters(outage_holds=1), timed_out=False, replicas_down=False) is None
+    assert infra_cause(Counters(), timed_out=True, replicas_down=False) is None
+    assert infra_cause(None, timed_out=False, replicas_down=False) is None
+    assert (
+        infra_cause(Counters(), timed_out=False, replicas_down=True)
+        == "the agent failed while no replica answered"
+    )

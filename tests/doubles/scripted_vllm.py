@@ -7,7 +7,7 @@ on the CPU backend). It serves, in-process on a free port:
 - ``POST /v1/completions`` (token-in/token-out, non-streaming): answers the next scripted
   reply with ``choices[0].{text, token_ids, prompt_token_ids, logprobs.token_logprobs,
   finish_reason, routed_experts}`` exactly as vLLM 0.32 shapes them;
-- ``GET /v1/models`` and ``GET /health`` (503 while ``healthy`` is False).
+- ``GET /v1/models`` and ``GET /health`` (503 while ``healthy`` is False; ``health_delay_s`` late).
 
 Choosing a reply: requests whose decoded prompt satisfies ``match`` (default: all) pop
 the next item of ``script``; other requests, and any request once the script is
@@ -130,6 +130,7 @@ class ScriptedVLLM:
     model: str = "scripted"
     max_model_len: int = 4096
     healthy: bool = True
+    health_delay_s: float = 0.0  # /health answers this late (a server stalled by a long prefill)
     requests: list[dict[str, Any]] = field(default_factory=list)
     main_requests: list[dict[str, Any]] = field(default_factory=list)
     # (arrival, departure) monotonic times per answered request, to check serialisation.
@@ -314,6 +315,8 @@ class ScriptedVLLM:
         )
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.health_delay_s:
+            await asyncio.sleep(self.health_delay_s)
         return web.Response(status=200 if self.healthy else 503)
 
 

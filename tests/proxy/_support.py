@@ -104,14 +104,27 @@ def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def pool_over(*urls: str) -> ReplicaPool:
-    """A pool without background health polling and with short client timeouts."""
-    return ReplicaPool(urls, client_factory=lambda u: VLLMClient(u, timeout_s=10), health_interval_s=None)
+def pool_over(*urls: str, outage_hold_s: float = 0.0) -> ReplicaPool:
+    """A pool without background health polling and with short client timeouts; a turn no
+    replica can serve fails at once unless ``outage_hold_s`` (the pool's hold) is given."""
+    return ReplicaPool(
+        urls,
+        client_factory=lambda u: VLLMClient(u, timeout_s=10),
+        health_interval_s=None,
+        outage_hold_s=outage_hold_s,
+    )
 
 
-def proxy_server(tok, *urls: str, keepalive_s: float = 0.2, max_body_bytes: int | None = None, **config):
+def proxy_server(
+    tok,
+    *urls: str,
+    keepalive_s: float = 0.2,
+    max_body_bytes: int | None = None,
+    outage_hold_s: float = 0.0,
+    **config,
+):
     """A ProxyServer over ``urls`` with test defaults (use as ``async with``); the server's
-    own body limit unless ``max_body_bytes``."""
+    own body limit unless ``max_body_bytes``; no outage hold unless ``outage_hold_s``."""
     from proxy.server import DEFAULT_MAX_BODY_BYTES, ProxyServer
     from proxy.session import SessionConfig
 
@@ -119,7 +132,7 @@ def proxy_server(tok, *urls: str, keepalive_s: float = 0.2, max_body_bytes: int 
     config.setdefault("max_context_tokens", 4096)
     return ProxyServer(
         tokenizer=tok,
-        pool=pool_over(*urls),
+        pool=pool_over(*urls, outage_hold_s=outage_hold_s),
         defaults=SessionConfig(**config),
         keepalive_s=keepalive_s,
         max_body_bytes=DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,

@@ -30,6 +30,7 @@ def _req(max_tokens=64, prompt=PROMPT) -> CompletionRequest:
 
 def _pool(*doubles, **kw) -> ReplicaPool:
     kw.setdefault("health_interval_s", None)
+    kw.setdefault("outage_hold_s", 0.0)  # the hold has its own tests
     return ReplicaPool([d.url for d in doubles], client_factory=lambda u: VLLMClient(u, timeout_s=5), **kw)
 
 
@@ -77,7 +78,7 @@ async def test_all_dead_is_clear_error_and_4xx_not_retried(tok):
             with pytest.raises(ReplicaUnavailable) as dead:
                 await pool.generate("s", _req())
             assert a.url in str(dead.value) and b.url in str(dead.value)
-    async with ReplicaPool([], health_interval_s=None) as empty:
+    async with ReplicaPool([], health_interval_s=None, outage_hold_s=0) as empty:
         with pytest.raises(ReplicaUnavailable):
             await empty.generate("s", _req())
 
@@ -226,3 +227,65 @@ def test_deadline_rule():
     assert d.deadline_s(64, None) == 100  # nothing observed yet
     assert d.deadline_s(64, 32.0) == 10 + 3 * 2
     assert d.deadline_s(10_000, 1.0) == 100
+
+
+async def test_a_turn_no_replica_can_serve_is_held_until_one_comes_back(tok):
+    """The only replica dies: the turn waits (on_hold once) instead of failing, and is served
+    when the health loop sees the replica again; the record is the one generation."""
+    async with ScriptedVLLM(tok, default=Reply("back again")) as a:
+        port = a.port
+        await a.stop()
+        held: list[float] = []
+        async with _pool(a, health_interval_s=0.05, outage_hold_s=30, outage_retry_s=0.1) as pool:
+            started = asyncio.get_running_loop().time()
+            turn = asyncio.create_task(pool.generate("s", _req(), on_hold=lambda: held.append(1)))
+            await asyncio.sleep(0.6)
+            assert not turn.done() and held == [1]  # held, not failed
+            await a.start(port)
+            gen = await asyncio.wait_for(turn, 10)
+            waited = asyncio.get_running_loop().time() - started
+        assert gen.replica == a.url and gen.token_ids[:-1] == tok.encode(
+            "back again", add_special_tokens=False
+        )
+        assert waited >= 0.6 and len(a.requests) == 1 and held == [1]
+
+
+async def test_past_the_hold_the_turn_fails_and_a_zero_hold_fails_at_once(tok):
+    async with ScriptedVLLM(tok) as a:
+        await a.stop()
+        loop = asyncio.get_running_loop()
+        async with _pool(
+            a, outage_hold_s=0.5, outage_retry_s=0.1
+        ) as pool:  # no health loop: it probes itself
+            started = loop.time()
+            with pytest.raises(ReplicaUnavailable, match=r"within 0\.5 s") as exc:
+                await pool.generate("s", _req())
+            assert 0.5 <= loop.time() - started < 3 and a.url in str(exc.value)
+        async with _pool(a, outage_hold_s=0) as pool:
+            started = loop.time()
+            with pytest.raises(ReplicaUnavailable):
+                await pool.generate("s", _req())
+            assert loop.time() - started < 0.5
+    with pytest.raises(ValueError):
+        ReplicaPool([], outage_retry_s=0)
+
+
+async def test_a_busy_replica_is_not_marked_down_by_a_missed_health_probe(tok):
+    """A call in flight and /health unanswered (a long prefill stalls the server): the mark
+    stays up for busy_grace_s and the turn finishes on that replica; past the grace, or with
+    nothing in flight, silence marks it down; an error status marks it down at once."""
+    async with ScriptedVLLM(tok, default=Reply("slow", delay_s=1.0)) as a:
+        a.health_delay_s = 2.0
+        async with _pool(a, health_interval_s=0.1, health_timeout_s=0.1, busy_grace_s=30) as pool:
+            gen = await pool.generate("s", _req())
+            assert gen.replica == a.url and pool.replicas[0].up and pool.replicas[0].failures == 0
+            await asyncio.sleep(0.5)  # idle now: the first silent probe marks it down
+            assert not pool.replicas[0].up
+        a.default = Reply("slow", delay_s=1.5)
+        async with _pool(a, health_interval_s=0.1, health_timeout_s=0.1, busy_grace_s=0.3) as pool:
+            with pytest.raises(ReplicaUnavailable, match="marked down while generating"):
+                await pool.generate("s", _req())  # silent for longer than the grace: down (hung)
+        a.health_delay_s, a.healthy = 0.0, False
+        async with _pool(a, health_interval_s=0.1, busy_grace_s=30) as pool:
+            with pytest.raises(ReplicaUnavailable, match="marked down while generating"):
+                await pool.generate("s", _req())  # it answered 503: down at once

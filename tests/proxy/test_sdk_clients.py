@@ -8,6 +8,9 @@ extends, mask 1 on exactly the generated tokens.
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
 import anthropic
 import openai
 import pytest
@@ -123,3 +126,118 @@ async def test_anthropic_sdk_error_shapes(tok):
             await bad.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
         await client.close()
         await bad.close()
+
+
+async def _after_an_outage(dbl: ScriptedVLLM, request, seconds: float = 1.5):
+    """Run ``request()`` while ``dbl`` (the only replica) is down, bring it back after
+    ``seconds``; returns what the request returned and how long it waited."""
+    port = dbl.port
+    await dbl.stop()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    task = asyncio.create_task(request())
+    await asyncio.sleep(seconds)
+    assert not task.done()  # held, no error yet
+    await dbl.start(port)
+    out = await asyncio.wait_for(task, 30)
+    return out, loop.time() - started
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("protocol", ["anthropic", "openai"])
+async def test_an_outage_during_a_turn_is_held_and_the_sdk_sees_only_the_answer(tok, protocol, stream):
+    """The replica is down when the turn arrives and back 1.5 s later: the proxy holds the
+    turn (streams get keep-alive pings every 0.2 s), the official SDK gets the model's
+    answer and no error; the session counts the hold, no infrastructure error."""
+    async with ScriptedVLLM(tok, default=Reply("There are two files.")) as dbl:
+        async with proxy_server(tok, dbl.url, outage_hold_s=30) as srv:
+            h = srv.open_session()
+            msgs = [{"role": "user", "content": "What files are here?"}]
+            if protocol == "anthropic":
+                client = anthropic.AsyncAnthropic(base_url=h.anthropic_base_url, api_key="k", max_retries=0)
+
+                async def ask():
+                    m = await ask_anthropic(client, msgs, stream=stream, model="m", max_tokens=50)
+                    return m.content[0].text
+            else:
+                client = openai.AsyncOpenAI(base_url=h.openai_base_url, api_key="k", max_retries=0)
+
+                async def ask():
+                    if not stream:
+                        r = await client.chat.completions.create(model="m", messages=msgs)
+                        return r.choices[0].message.content
+                    async with client.chat.completions.stream(model="m", messages=msgs) as s:
+                        return (await s.get_final_completion()).choices[0].message.content
+
+            text, waited = await _after_an_outage(dbl, ask)
+            assert text == "There are two files." and waited >= 1.5
+            c = srv.session(h.session_id).trajectory.counters
+            assert (c.turns, c.outage_holds, c.infra_errors) == (1, 1, 0)
+            await client.close()
+
+
+@pytest.mark.parametrize("protocol", ["anthropic", "openai"])
+async def test_a_held_stream_carries_protocol_keepalives_then_the_answer(tok, protocol):
+    """What the SDKs above tolerated, on the wire: Anthropic ``event: ping`` events, OpenAI
+    SSE comment lines, every keepalive_s while the turn is held, then the normal events."""
+    async with ScriptedVLLM(tok, default=Reply("back")) as dbl:
+        async with proxy_server(tok, dbl.url, outage_hold_s=30) as srv:
+            h = srv.open_session()
+            msgs = [{"role": "user", "content": "hi"}]
+            if protocol == "anthropic":
+                url, body = (
+                    f"{h.anthropic_base_url}/v1/messages",
+                    {"model": "m", "max_tokens": 20, "stream": True},
+                )
+            else:
+                url, body = f"{h.openai_base_url}/chat/completions", {"model": "m", "stream": True}
+
+            async def raw():
+                async with (
+                    aiohttp.ClientSession() as http,
+                    http.post(url, json={**body, "messages": msgs}) as r,
+                ):
+                    return r.status, await r.text()
+
+            (status, text), _ = await _after_an_outage(dbl, raw)
+    assert status == 200
+    if protocol == "anthropic":
+        assert text.count("event: ping\n") >= 5
+        assert "event: message_stop" in text and "back" in text
+    else:
+        assert text.count(": keep-alive\n\n") >= 5
+        assert text.rstrip().endswith("data: [DONE]") and "back" in text
+
+
+@pytest.mark.parametrize("protocol", ["anthropic", "openai"])
+async def test_past_the_hold_the_turn_fails_as_infrastructure_and_the_session_stops(tok, protocol):
+    """No replica within the hold: the client gets the protocol's retryable overload/503
+    (never a 400 the model would react to), counted as an infrastructure error; with
+    infra_ends_session the next request fails at once (the attempt is retried anyway)."""
+    async with ScriptedVLLM(tok) as dbl:
+        await dbl.stop()
+        async with proxy_server(tok, dbl.url, outage_hold_s=0.5, infra_ends_session=True) as srv:
+            h = srv.open_session()
+            msgs = [{"role": "user", "content": "hi"}]
+            loop = asyncio.get_running_loop()
+            for attempt in range(2):
+                started = loop.time()
+                if protocol == "anthropic":
+                    client = anthropic.AsyncAnthropic(
+                        base_url=h.anthropic_base_url, api_key="k", max_retries=0
+                    )
+                    with pytest.raises(anthropic.APIStatusError) as exc:
+                        await client.messages.create(model="m", max_tokens=5, messages=msgs)
+                    assert (
+                        exc.value.status_code == 529 and exc.value.body["error"]["type"] == "overloaded_error"
+                    )
+                else:
+                    client = openai.AsyncOpenAI(base_url=h.openai_base_url, api_key="k", max_retries=0)
+                    with pytest.raises(openai.InternalServerError) as oexc:
+                        await client.chat.completions.create(model="m", messages=msgs)
+                    assert oexc.value.status_code == 503
+                took = loop.time() - started
+                assert took >= 0.5 if attempt == 0 else took < 0.5
+                await client.close()
+            c = srv.session(h.session_id).trajectory.counters
+            assert (c.turns, c.outage_holds, c.infra_errors) == (0, 1, 2)

@@ -410,9 +410,11 @@ async def test_bad_replica_urls_are_a_400_at_session_open(tok):
 
 
 async def test_a_turn_on_a_replica_marked_down_mid_generation_moves_over_exactly(tok, tiny_model_dir):
-    """The session's replica is SIGSTOPped while it generates turn 2; the health loop marks
-    it down, the call is cancelled and the turn completes on the other replica. The record
-    holds exactly what that replica generated, nothing of the stopped one."""
+    """The session's replica is SIGSTOPped while it generates turn 2; its probes go
+    unanswered, and once that silence outlasts the busy grace (1 s here: a replica with a call
+    in flight may be busy, not hung) the health loop marks it down, the call is cancelled and
+    the turn completes on the other replica. The record holds exactly what that replica
+    generated, nothing of the stopped one."""
     from proxy.pool import ReplicaPool
     from proxy.server import ProxyServer
     from tests.doubles.process import double_process
@@ -423,7 +425,9 @@ async def test_a_turn_on_a_replica_marked_down_mid_generation_moves_over_exactly
         srv = ProxyServer(
             tokenizer=tok,
             defaults=SessionConfig(model="scripted", max_context_tokens=4096),
-            pool_factory=lambda u: ReplicaPool(u, health_interval_s=0.2, health_timeout_s=0.5),
+            pool_factory=lambda u: ReplicaPool(
+                u, health_interval_s=0.2, health_timeout_s=0.5, busy_grace_s=1.0
+            ),
         )
         async with srv, aiohttp.ClientSession(headers=srv.management_headers) as http:
             h = srv.open_session(replace(srv.defaults, replicas=(a.url, b.url)))

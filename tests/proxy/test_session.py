@@ -14,7 +14,7 @@ from proxy.errors import BudgetSpent, ContextExhausted, NotFound, ReplicaUnavail
 from proxy.session import Session, SessionConfig
 from proxy.trajectory import Trajectory
 from tests.doubles.scripted_vllm import Abort, Reply, ScriptedVLLM, fake_experts, fake_logprob
-from tests.proxy._support import BASH_TOOL_CALL, OPENAI_TOOLS, pool_over
+from tests.proxy._support import BASH_TOOL_CALL, OPENAI_TOOLS, pool_over, token_view
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 
@@ -124,12 +124,13 @@ async def test_failed_turn_commits_nothing_then_recovers(tok):
     s = _session(tok, dbl)
     m1 = [SYSTEM, {"role": "user", "content": "list files"}]
     await s.run_turn(_req(m1), new_tool_call_id=_ids())
-    before = s.trajectory.to_bytes()
+    before = token_view(s.trajectory), list(s.trajectory.turns)
     port = dbl.port
     await dbl.stop()
     with pytest.raises(ReplicaUnavailable):
         await s.run_turn(_req(m1 + [{"role": "user", "content": "more"}]), new_tool_call_id=_ids())
-    assert s.trajectory.to_bytes() == before
+    assert (token_view(s.trajectory), list(s.trajectory.turns)) == before
+    assert s.trajectory.counters.infra_errors == 1  # the agent saw infrastructure fail
     await dbl.start(port)  # the replica comes back: the same session continues
     out = await s.run_turn(
         _req(
@@ -493,3 +494,25 @@ def test_session_body_sets_the_budget():
     ):
         with pytest.raises(err):
             SessionConfig().with_overrides(body)
+
+
+async def test_closing_a_session_cancels_its_turn_held_for_an_outage(tok):
+    """The agent is stopped (its timeout) while its turn waits for a replica: close() does not
+    wait out the hold; the turn fails and counts as an infrastructure error the agent saw."""
+    async with ScriptedVLLM(tok) as dbl:
+        await dbl.stop()
+        s = Session("sess", SessionConfig(model="scripted"), tok, pool_over(dbl.url, outage_hold_s=60))
+        _OPEN.append(s)
+        turn = asyncio.create_task(
+            s.run_turn(_req([SYSTEM, {"role": "user", "content": "a"}]), new_tool_call_id=_ids())
+        )
+        await asyncio.sleep(0.5)  # no max_context_tokens: held for the replicas' max_model_len first
+        assert not turn.done() and s.trajectory.counters.outage_holds == 1
+        started = time.monotonic()
+        t = await asyncio.wait_for(s.close(), 5)
+        assert time.monotonic() - started < 2
+        with pytest.raises(ReplicaUnavailable, match="closed while its turn waited"):
+            await turn
+    assert (t.counters.turns, t.counters.outage_holds, t.counters.infra_errors) == (0, 1, 1)
+    again = Trajectory.from_bytes(t.to_bytes())
+    assert (again.counters.outage_holds, again.counters.infra_errors) == (1, 1)

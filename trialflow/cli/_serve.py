@@ -86,15 +86,19 @@ def proxy(
     from proxy.parsers import use_vocabulary
     from proxy.server import ProxyServer
     from trialflow.settings import load_settings
+    from trialflow.worker import replica_pools
 
-    use_vocabulary(load_settings().harmony_vocab_dir)
+    settings = load_settings()
+    use_vocabulary(settings.harmony_vocab_dir)
+    pools = replica_pools(settings)  # the outage hold: TRIALFLOW_REPLICA_OUTAGE_HOLD_S
 
     management_socket.parent.mkdir(parents=True, exist_ok=True)
     server = ProxyServer(
         model_dir=model_dir,
         host=host,
         port=port,
-        replicas=replicas or (),
+        pool=pools(replicas or ()),
+        pool_factory=pools,
         management_socket=management_socket,
         management_token=os.environ.get("TRIALFLOW_PROXY_TOKEN") or None,
     )
