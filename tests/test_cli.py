@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from trialflow.cli import app
 from trialflow.metrics import TrialMetrics
+from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult
 from trialflow.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -263,6 +264,54 @@ def test_worker_says_when_it_is_ready_and_drains_on_sigterm(cli_env):
         assert env["TRIALFLOW_TASK_QUEUE"] in ready[0] and "no model" in ready[0]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+class SlowScaffold(Scaffold):
+    """Test scaffold (by import path): sleeps in its sandbox long enough to be interrupted."""
+
+    name = "test-slow"
+    needs_model = False
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        res = await ctx.sandbox.exec("sleep 600", timeout_s=700)
+        return ScaffoldResult(res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s)
+
+
+@pytest.mark.temporal
+@pytest.mark.docker
+@pytest.mark.s3
+def test_ctrl_c_during_run_says_what_happens_to_the_trials(cli_env):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    batch_id = f"int-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, **cli_env, "TRIALFLOW_TASK_QUEUE": f"{cli_env['TRIALFLOW_TASK_QUEUE']}-int"}
+    cmd = [sys.executable, "-c", "from trialflow.cli import app; app()", "run", str(GOOD),
+           "--scaffold", "tests.test_cli:SlowScaffold", "--batch-id", batch_id]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:  # wait until the batch is submitted
+            seen.append(line)
+            if "results go to" in line:
+                break
+        time.sleep(3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        output = "".join(seen) + out
+        assert "interrupted: 0 of 1 trials finished" in output, output
+        assert f"trialflow status {batch_id}" in output and "Traceback" not in output, output
+        assert time.monotonic() - t0 < 60  # drain grace 5 s here
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -319,8 +319,11 @@ class TrialWorkflow:
         try:
             await self._scaffold_and_verify(spec, attempt, tally, setup, replay_from)
         finally:
-            self._progress.phase = "teardown"
-            await asyncio.shield(self._teardown(spec, attempt, tally, setup))
+            # Not in the workflow's loop: the coroutine is being closed by garbage collection
+            # (a worker process exiting with the workflow cached), nothing to tear down from here.
+            if workflow.in_workflow():
+                self._progress.phase = "teardown"
+                await asyncio.shield(self._teardown(spec, attempt, tally, setup))
 
     async def _scaffold_and_verify(
         self,
@@ -525,7 +528,8 @@ class TrialWorkflow:
                 raise _AttemptLost(error) from err
             raise _TrialFailed(error, "infra_error") from err
         finally:
-            tally.add_time(phase, (workflow.now() - started).total_seconds())
+            if workflow.in_workflow():  # (else closed by garbage collection: see _attempt)
+                tally.add_time(phase, (workflow.now() - started).total_seconds())
 
     async def _teardown(self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput) -> None:
         """Best effort, never raises. If the owning worker is gone, any worker on the same
@@ -562,7 +566,8 @@ class TrialWorkflow:
             except ActivityError as err2:
                 workflow.logger.warning("fallback teardown of %s failed: %s", setup.sandbox_id, err2.cause)
         finally:
-            tally.add_time("teardown", (workflow.now() - started).total_seconds())
+            if workflow.in_workflow():  # (else closed by garbage collection: see _attempt)
+                tally.add_time("teardown", (workflow.now() - started).total_seconds())
 
     def _ensure_start_attributes(self, spec: TrialSpec) -> None:
         """Clients set these at start; a workflow started elsewhere gets them here."""

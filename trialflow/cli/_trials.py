@@ -54,12 +54,45 @@ async def run_specs(
     external_worker: bool,
     title: str,
 ) -> list[TrialResult]:
-    """Submit `specs`, show a live progress bar, return the results."""
+    """Submit `specs`, show a live progress bar, return the results. Interrupted (Ctrl-C),
+    it says at once what happens to the trials and how to come back to them, shows the
+    results so far, then stops the in-process worker (which drains first)."""
     client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
     await batch.ensure_search_attributes(client, settings.temporal_namespace)
+    done: list[TrialResult] = []
     async with in_process_worker(settings, client, enabled=not external_worker):
         with trial_progress(console, title, len(specs)) as on_result:
-            return await batch.run(client, specs, on_result=on_result, task_queue=settings.task_queue)
+
+            def counted(result: TrialResult) -> None:
+                done.append(result)
+                on_result(result)
+
+            try:
+                return await batch.run(client, specs, on_result=counted, task_queue=settings.task_queue)
+            except asyncio.CancelledError:
+                _interrupted(settings, specs, done, external_worker)
+                raise
+
+
+def _interrupted(
+    settings: TrialflowSettings, specs: Sequence[TrialSpec], done: list[TrialResult], external_worker: bool
+) -> None:
+    batch_id = specs[0].batch_id if specs else "?"
+    console.print(f"\ninterrupted: {len(done)} of {len(specs)} trials finished")
+    if done:
+        console.print(results_table(done, title=f"batch {batch_id} (finished so far)"))
+    where = (
+        "they keep running on the external workers"
+        if external_worker
+        else f"the in-process worker stops now (it drains for up to {settings.drain_grace_s:g} s); "
+        "the unfinished trials wait in Temporal for a worker"
+    )
+    console.print(
+        f"{where}. `trialflow status {batch_id}` lists them; `trialflow run ... --batch-id {batch_id}` "
+        "attaches again (finished trials are not re-run).",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def run(
