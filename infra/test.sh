@@ -10,4 +10,8 @@ bash infra/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+# Hypothesis: today's full example counts in CI, the fast `dev` profile elsewhere (tests/_hypothesis.py).
+if [ -n "${CI:-}" ]; then
+  export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
+fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"

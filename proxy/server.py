@@ -116,6 +116,11 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024**2
 DEFAULT_LARGE_BODY_BYTES = 256 * 1024
 # Large requests handled at once: each keeps a core busy for seconds; more only add memory.
 _LARGE_BODY_WORKERS = 2
+# How long stop() (and a session's listener at close) waits for handlers still running after
+# the sessions are closed: by then a turn's answer is written, and what is left is aiohttp
+# lingering over a body it refused unread (a 413/408 waits up to 10 s for the rest of the
+# body), which would otherwise hold stop() for aiohttp's default 60 s shutdown timeout.
+_SHUTDOWN_TIMEOUT_S = 1.0
 
 T = TypeVar("T")
 
@@ -276,14 +281,22 @@ class ProxyServer:
         self._workers = ThreadPoolExecutor(_LARGE_BODY_WORKERS, thread_name_prefix="proxy-large-body")
         # aiohttp closes a connection that has not sent a complete request head within
         # keepalive_timeout of connecting (or of its last answer): the header read timeout
-        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=self.header_timeout_s)
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            keepalive_timeout=self.header_timeout_s,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         if self.port == 0:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self._management_runner = web.AppRunner(
-            self.management_app, access_log=None, keepalive_timeout=self.header_timeout_s
+            self.management_app,
+            access_log=None,
+            keepalive_timeout=self.header_timeout_s,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
         )
         await self._management_runner.setup()
         if self.management_socket is not None:
@@ -412,7 +425,10 @@ class ProxyServer:
         app = self._protocol_app(prefix="")
         app[_BOUND] = (session_id, entry.secret)
         runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=1.0, keepalive_timeout=self.header_timeout_s
+            app,
+            access_log=None,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+            keepalive_timeout=self.header_timeout_s,
         )
         await runner.setup()
         assert runner.server is not None  # set up

@@ -3,6 +3,11 @@
 Loaded for every test by ``pytest_plugins`` in tests/conftest.py; a module that uses them
 defines its own module-scoped ``settings`` fixture (a ``TrialflowSettings`` with its own task
 queue, S3 prefix and worker id: ``worker_settings`` builds one).
+
+The worker stack (temporalio, docker, trialflow.worker) is imported inside the fixtures and
+helpers that use it, never at import: every pytest run loads this module, and a run of the
+proxy tests alone must not pay for (or depend on) the worker's imports
+(tests/test_conftest_imports.py checks that).
 """
 
 from __future__ import annotations
@@ -12,14 +17,13 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from trialflow import batch
-from trialflow.sandbox.base_image import ensure_base_image
-from trialflow.settings import TrialflowSettings, load_settings
-from trialflow.worker import WorkerProcess
+if TYPE_CHECKING:
+    from trialflow.settings import TrialflowSettings
+    from trialflow.worker import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,6 +35,9 @@ def worker_settings(
     own task queue, S3 prefix and worker id (all ``{name}-{random}``, so modules sharing the
     Temporal and S3 servers never see each other's trials), after the sandbox base image is
     made. ``overrides`` are further settings (model_dir, replica_urls, ...)."""
+    from trialflow.sandbox.base_image import ensure_base_image
+    from trialflow.settings import load_settings
+
     ensure_base_image(docker_client)
     unique = f"{name}-{uuid.uuid4().hex[:8]}"
     return load_settings(
@@ -61,11 +68,15 @@ def start_worker_process(env: dict[str, str], worker_id: str, log: Path) -> subp
 
 @pytest.fixture(scope="module")
 async def client(settings):
+    from trialflow import batch
+
     return await batch.connect(settings.temporal_address)
 
 
 @pytest.fixture(scope="module")
 async def worker(settings, client) -> AsyncIterator[WorkerProcess]:
+    from trialflow.worker import WorkerProcess
+
     async with WorkerProcess(settings, client) as process:
         yield process
 

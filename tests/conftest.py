@@ -27,6 +27,12 @@ shared dev services listed in <repo>/.cache/dev-services.txt: `set -a; . .cache/
     TRIALFLOW_TEST_VLLM_MODEL=name        its served model name (default "tiny")
 Overridden services are used as they are and never stopped. On this 2-core machine a fresh
 vLLM takes 45 s idle and up to ~5 min under load, so sharing one server is worth it.
+
+Every pytest run imports this file (and the plugins below) first, so it imports nothing heavy
+at module level: each fixture imports the service code it starts, and a run that needs no
+service (tests/proxy without vLLM) never imports infra, temporalio, docker or the worker.
+Hypothesis profiles (`HYPOTHESIS_PROFILE`: `dev` by default, `ci` when CI is set) are
+tests/_hypothesis.py's.
 """
 
 from __future__ import annotations
@@ -35,21 +41,17 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from infra import (
-    REPO_ROOT,
-    S3Bucket,
-    S3Credentials,
-    cached_tiny_model,
-    create_bucket,
-    ensure_dockerd,
-    managed_containers,
-    start_seaweedfs,
-    start_temporal,
-    start_vllm,
-)
+from tests._hypothesis import load_profile
+
+if TYPE_CHECKING:
+    from infra import S3Bucket
+
+# Before any test module is imported, so per-test `examples(n)` counts see the profile.
+load_profile()
 
 _FIXTURE_MARKERS = {
     "temporal_address": "temporal",
@@ -83,6 +85,8 @@ def temporal_address(services_dir: Path) -> Iterator[str]:
     if override := os.environ.get("TRIALFLOW_TEST_TEMPORAL"):
         yield override
         return
+    from infra import start_temporal
+
     service = start_temporal(services_dir / "temporal", headless=True)
     yield service.endpoint
     service.stop()
@@ -90,6 +94,8 @@ def temporal_address(services_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def s3_endpoint(services_dir: Path) -> Iterator[S3Bucket]:
+    from infra import S3Bucket, S3Credentials, create_bucket, start_seaweedfs
+
     endpoint = os.environ.get("TRIALFLOW_TEST_S3")
     if endpoint:
         creds = S3Credentials(
@@ -111,6 +117,8 @@ def s3_endpoint(services_dir: Path) -> Iterator[S3Bucket]:
 def docker_client() -> Iterator[object]:
     import docker
 
+    from infra import ensure_dockerd
+
     engine = ensure_dockerd()  # machine-wide: its log goes to <repo>/.trialflow/logs
     client = docker.DockerClient(base_url=engine.endpoint)
     yield client
@@ -124,6 +132,8 @@ def no_leaked_containers(docker_client) -> Iterator[None]:
     Compares against the containers present before the test, so containers of other
     sessions sharing the engine do not count (unless created during this very test).
     """
+    from infra import managed_containers
+
     before = {c.id for c in managed_containers(docker_client)}
     yield
     leaked = [c.name for c in managed_containers(docker_client) if c.id not in before]
@@ -134,6 +144,8 @@ def no_leaked_containers(docker_client) -> Iterator[None]:
 def tiny_model_dir() -> Path:
     if override := os.environ.get("TRIALFLOW_TEST_MODEL_DIR"):
         return Path(override)
+    from infra import REPO_ROOT, cached_tiny_model
+
     return cached_tiny_model(REPO_ROOT / ".cache")
 
 
@@ -149,6 +161,8 @@ def vllm_url(tiny_model_dir: Path, vllm_model_name: str, services_dir: Path) -> 
             pytest.fail("TRIALFLOW_TEST_VLLM_URL needs TRIALFLOW_TEST_MODEL_DIR (the model it serves)")
         yield override.rstrip("/")
         return
+    from infra import start_vllm
+
     service = start_vllm(tiny_model_dir, served_model_name=vllm_model_name, log_dir=services_dir)
     yield service.endpoint
     service.stop()

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 from proxy.chat import ParsedOutput, ToolCall, assistant_message
 from proxy.parsers import parse_output
+from tests._hypothesis import examples
 from trialflow import tinymodel
 
 TOOLS = [
@@ -159,7 +160,9 @@ _message = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(messages=st.lists(_message, min_size=1, max_size=8), with_tools=st.booleans())
 def test_template_is_prefix_stable(tok, messages, with_tools):
     tools = TOOLS if with_tools else None
@@ -172,7 +175,9 @@ def test_template_is_prefix_stable(tok, messages, with_tools):
     )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     content=st.text("abc xyz\n.{}", max_size=30),
     reasoning=st.one_of(st.none(), st.text("abc \n", max_size=20)),

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolCall, assistant_message
 from proxy.profiles import detect_profile
 from proxy.tokenization import ConversationTracker, TemplateRejected
+from tests._hypothesis import examples
 from tests.proxy._families import native
 from trialflow.families import FAMILIES, family, make_tokenizer
 from trialflow.families._build import generation_eos_ids
@@ -314,7 +315,9 @@ def _prefix_stable(name: str, steps) -> bool:
 
 
 @pytest.mark.parametrize("name", FAMS)
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(steps=conversations())
 def test_random_conversations_extend_and_match_the_full_render_where_prefix_stable(fams, name, steps):
     run = Run(name, fams)

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from proxy.http1 import Http1Error, Http1Pool
+from tests._wait import wait_until
 
 Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]  # -> keep the connection open
 
@@ -143,7 +144,7 @@ async def test_a_connection_the_server_closed_while_idle_is_not_used():
     async with RawServer(replies(ok(), keep=False)) as srv:
         pool = Http1Pool("127.0.0.1", srv.port)
         await pool.post("/x", b"{}")
-        await asyncio.sleep(0.05)  # the FIN arrives
+        await wait_until(lambda: not pool._idle[-1].usable(), what="the server's FIN")
         assert await pool.post("/x", b"{}") == (200, b'{"ok":1}')
         await pool.close()
     assert srv.connections == 2
@@ -196,7 +197,7 @@ async def test_timeout_and_cancellation_close_the_connection():
             await pool.post("/x", b"{}", timeout_s=0.1)
         assert await pool.post("/x", b"{}") == (200, b"next")
         task = asyncio.create_task(pool.post("/x", b"{}"))
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: len(srv.requests) == 3, what="the third call at the server")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests._hypothesis import examples
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
 from tests.proxy._support import HOLE, body_with, load_tokenizer, proxy_server
 
@@ -160,7 +161,9 @@ def target(proxy):
 
 
 ROUTES = list(VALID)
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _assert_client_error(status: int, raw: bytes, route: str, allow_ok: bool) -> None:

@@ -27,6 +27,7 @@ from proxy.errors import (
     ProtocolError,
     ReplicaUnavailable,
 )
+from tests._hypothesis import examples
 from tests.proxy._strategies import json_values, mostly, short
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -408,7 +409,7 @@ parsed_outputs = st.builds(
 )  # fmt: skip
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     parsed=parsed_outputs, finish=st.sampled_from(["stop", "length", "tool_calls"]), chunk=st.integers(1, 40)
 )
@@ -445,13 +446,13 @@ valid_ish = st.fixed_dictionaries(
 )  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(body=json_values)
 def test_property_arbitrary_json_is_a_request_or_a_400(body):
     check_parse(body)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(body=valid_ish)
 def test_property_nearly_valid_bodies_are_a_request_or_a_400(body):
     check_parse(body)

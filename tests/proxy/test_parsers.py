@@ -31,6 +31,7 @@ from proxy.parsers import (
     text_of,
 )
 from proxy.parsers._pieces import merged, split_markup
+from tests._hypothesis import examples
 
 # ------------------------------------------------------------------ registry
 
@@ -301,7 +302,7 @@ class ParserSuite:
 
     # --- properties
 
-    @settings(max_examples=100, **_SHARED)
+    @settings(max_examples=examples(100), **_SHARED)
     @given(
         st.lists(
             st.one_of(_content, st.sampled_from(["<think>", "</think>", '{"name"', ";", "{"])), max_size=8
@@ -319,7 +320,7 @@ class ParserSuite:
         out = self.parse(text_of(pieces))
         assert out.parse_failures >= 0
 
-    @settings(max_examples=60, **_SHARED)
+    @settings(max_examples=examples(60), **_SHARED)
     @given(reasoning=_reasoning, content=_content, calls=_calls, data=st.data())
     def test_chunk_boundaries_never_change_the_result(self, reasoning, content, calls, data):
         if calls and not self.content_with_calls:
@@ -337,7 +338,7 @@ class ParserSuite:
         assert self.parse(chunked) == whole
         assert self.parse(text_of(pieces)) == whole  # one string: markup found in the text
 
-    @settings(max_examples=30, **_SHARED)
+    @settings(max_examples=examples(30), **_SHARED)
     @given(reasoning=_reasoning, content=_content, calls=_calls, data=st.data())
     def test_token_boundaries_through_a_real_tokenizer(self, markup_tok, reasoning, content, calls, data):
         """Encoded with the tokenizer (markup as its tokens, text cut into BPE runs at random

@@ -10,6 +10,7 @@ import pytest
 from proxy.backend import CompletionRequest, VLLMClient
 from proxy.errors import BackendHTTPError, GenerationAborted, ReplicaUnavailable
 from proxy.pool import Deadlines, ReplicaPool, SharedPools, replica_url
+from tests._wait import wait_until
 from tests.doubles.process import double_process
 from tests.doubles.scripted_vllm import (
     Abort,
@@ -43,7 +44,7 @@ async def test_sticky_then_least_loaded(tok):
             # While s1's replica is busy, a new session goes to the idle one.
             a.default = b.default = Reply("slow", delay_s=0.5)
             busy = asyncio.create_task(pool.generate("s1", _req()))
-            await asyncio.sleep(0.1)
+            await wait_until(lambda: any(r.in_flight for r in pool.replicas), what="s1's turn in flight")
             g2 = await pool.generate("s2", _req())
             await busy
             assert g2.replica != g1.replica
@@ -121,13 +122,11 @@ async def test_health_checks_and_runtime_membership(tok):
     async with ScriptedVLLM(tok) as a, ScriptedVLLM(tok) as b:
         async with _pool(a, health_interval_s=0.05) as pool:
             a.healthy = False
-            await asyncio.sleep(0.3)
-            assert not pool.replicas[0].up
+            await wait_until(lambda: not pool.replicas[0].up, what="the health check marks a down")
             pool.add_replica(b.url)
             assert (await pool.generate("s", _req())).replica == b.url
             a.healthy = True
-            await asyncio.sleep(0.3)
-            assert all(r.up for r in pool.replicas)
+            await wait_until(lambda: all(r.up for r in pool.replicas), what="the health check marks a up")
             pool.remove_replica(b.url)
             assert (await pool.generate("s", _req())).replica == a.url
 
@@ -161,8 +160,7 @@ async def test_an_unused_shared_pool_lingers_with_its_health_marks(tok):
         again = shared.acquire([a.url])  # within linger_s: the same pool, marks kept
         assert again is pool and not pool.replicas[0].up
         await shared.release(again)
-        await asyncio.sleep(0.5)
-        assert shared.pools() == []
+        await wait_until(lambda: shared.pools() == [], what="the pool closed after linger_s")
 
 
 async def test_sessions_opened_one_after_another_spread_and_stick(tok):

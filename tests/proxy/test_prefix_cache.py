@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from proxy.chat import ChatRequest
 from proxy.prefix_cache import PrefixCache
 from proxy.tokenization import ConversationTracker
+from tests._hypothesis import examples
 from tests.proxy._support import OPENAI_TOOLS
 
 LONG_SYSTEM = "You are a careful coding agent. " * 200  # ~6.4K chars: above min_chars
@@ -69,7 +70,9 @@ def test_short_headers_are_not_cached_and_old_ones_are_evicted(tok):
     assert (cache.misses, cache.hits) == (4, 1)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.lists(
         st.sampled_from(["<|im_end|>", "<|im_start|>", "\n", " x", "é", "<think>", "ab", "  "]), max_size=12
@@ -97,7 +100,9 @@ def test_sessions_share_the_cache_through_their_trackers(tok):
     assert cache.hits == 1
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.lists(
         st.sampled_from(
@@ -146,7 +151,9 @@ def test_headers_longer_than_max_chars_are_not_cached_and_still_exact(tok):
     assert (cache.misses, cache.hits) == (0, 0) and not cache._entries
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.lists(
         st.sampled_from(
@@ -173,7 +180,9 @@ def test_one_long_message_cut_at_newlines_encodes_exactly(tok, body):
     assert cache.encode(text, _encode(tok)).tolist() == tok.encode(text, add_special_tokens=False)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.integers(0, 2**32), st.integers(600, 3000), st.sampled_from(["", "\n", " ", "<|im_end|>"]))
 def test_a_base64_line_is_cut_before_letters_after_digits_and_encodes_exactly(tok, seed, size, end):
     """One line of base64 of random bytes (no newline, no space): cut before a letter that a

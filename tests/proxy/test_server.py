@@ -13,6 +13,7 @@ from proxy.checkpoint import MemorySink
 from proxy.errors import NotFound
 from proxy.session import SessionConfig
 from proxy.trajectory import Trajectory
+from tests._wait import wait_until
 from tests.doubles.scripted_vllm import HTTPFailure, Reply, ScriptedVLLM
 from tests.proxy._support import proxy_server
 
@@ -253,7 +254,7 @@ async def test_client_leaving_mid_stream_does_not_lose_the_turn(tok):
             )
             await r.content.readline()  # the first keep-alive ping arrived; now hang up
             r.close()
-        await asyncio.sleep(1.0)
+        await wait_until(lambda: srv.session_stats(h.session_id).turns == 1, what="the turn recorded")
         stats = srv.session_stats(h.session_id)
     assert stats.turns == 1 and stats.completion_tokens > 0
 
@@ -443,7 +444,12 @@ async def test_a_turn_on_a_replica_marked_down_mid_generation_moves_over_exactly
                 ],
             }
             turn = asyncio.create_task(http.post(chat, json=again))
-            await asyncio.sleep(0.4)  # a has the request and sleeps in its 1 s delay
+            await wait_until(  # a has the request and sleeps in its 1 s delay
+                lambda: any(
+                    r.in_flight for p, _ in srv.shared_pools.pools() for r in p.replicas if r.url == a.url
+                ),
+                what="the turn in flight at a",
+            )
             a.stop()
             r = await asyncio.wait_for(turn, 60)
             assert r.status == 200 and (await r.json())["choices"][0]["message"]["content"] == "from b"

@@ -243,6 +243,21 @@ async def test_a_body_over_the_default_limit_is_413_in_the_protocols_shape(serve
     assert dbl.requests == []
 
 
+async def test_stop_does_not_wait_for_a_refused_body_that_never_comes(tok):
+    """A client that got its 413 and stopped sending leaves aiohttp lingering for the rest of
+    the body (10 s); stop() gives such leftovers a second, not aiohttp's 60 s."""
+    async with ScriptedVLLM(tok) as dbl:
+        srv = proxy_server(tok, dbl.url)
+        async with srv:
+            h = srv.open_session()
+            body = b" " * (DEFAULT_MAX_BODY_BYTES + 1)
+            async with aiohttp.ClientSession() as http:
+                r = await http.post(f"{h.openai_base_url}/chat/completions", data=body, headers=OPENAI)
+                assert r.status == 413
+            started = asyncio.get_running_loop().time()
+        assert asyncio.get_running_loop().time() - started < 5
+
+
 @pytest.mark.parametrize("route", ["messages", "chat/completions", "responses"])
 async def test_a_large_body_over_the_context_is_refused_before_it_is_encoded(served, monkeypatch, route):
     """A 2 MiB message under the body limit but far over the 4096-token context gets the answer
@@ -359,10 +374,14 @@ async def test_slow_senders_are_cut_off(tok):
                 "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode()
             )
             await writer.drain()
-            answer = await asyncio.wait_for(reader.read(), 30)
+            # the answer by its length: aiohttp then lingers (up to 10 s) for the unsent body
+            # before it closes the connection, so reading to EOF would wait for that too
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            assert head.startswith(b"HTTP/1.1 408"), head[:200]
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            assert length, head
+            body = await asyncio.wait_for(reader.readexactly(int(length.group(1))), 30)
             writer.close()
-            head, _, body = answer.partition(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 408"), answer[:200]
             payload = json.loads(body)
             _assert_shape("anthropic", 408, payload)
             assert "not received within 0.5 s" in payload["error"]["message"]

@@ -13,6 +13,7 @@ from proxy.checkpoint import DirectorySink, MemorySink
 from proxy.errors import BudgetSpent, ContextExhausted, NotFound, ReplicaUnavailable, TurnLimitReached
 from proxy.session import Session, SessionConfig
 from proxy.trajectory import Trajectory
+from tests._wait import wait_until
 from tests.doubles.scripted_vllm import Abort, Reply, ScriptedVLLM, fake_experts, fake_logprob
 from tests.proxy._support import BASH_TOOL_CALL, OPENAI_TOOLS, pool_over, token_view
 
@@ -240,8 +241,7 @@ async def test_concurrent_requests_wait_for_the_running_turn(tok):
         a = asyncio.create_task(
             s.run_turn(_req([SYSTEM, {"role": "user", "content": "a"}]), new_tool_call_id=_ids())
         )
-        await asyncio.sleep(0.05)
-        assert s.busy
+        await wait_until(lambda: s.busy, what="turn a running")
         b = await s.run_turn(_req([SYSTEM, {"role": "user", "content": "b"}]), new_tool_call_id=_ids())
         await a
     assert b.parsed.content == "slow" and s.trajectory.counters.turns == 2
@@ -400,7 +400,7 @@ async def test_turn_limit_refuses_a_waiting_tool_request_without_waiting(tok):
         side = asyncio.create_task(
             s.run_turn(_req([{"role": "user", "content": "title?"}], tools=None), new_tool_call_id=_ids())
         )
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: len(dbl.requests) == 2, what="the side call at the backend")
         assert s.busy
         with pytest.raises(TurnLimitReached):
             await s.run_turn(_req([SYSTEM, {"role": "user", "content": "b"}]), new_tool_call_id=_ids())

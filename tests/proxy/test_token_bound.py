@@ -14,11 +14,12 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from proxy.chat import ChatRequest, Generation, ParsedOutput
 from proxy.token_bound import TokenBound
 from proxy.tokenization import ConversationTracker, OverBudget
+from tests._hypothesis import examples
 from trialflow.families import build_tokenizer_dir
 
 FAMILIES = ("qwen3", "deepseek_v31", "llama31")  # BPE over bytes, the longest tokens differ
 SETTINGS = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 

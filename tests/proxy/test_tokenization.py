@@ -27,6 +27,7 @@ from proxy.tokenization import (
     TurnInfo,
     system_key,
 )
+from tests._hypothesis import examples
 
 TOOLS = [
     {
@@ -376,7 +377,9 @@ def echo(msg: Message, how: dict) -> Message:
     return out
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.tuples(_reply, _echo, _followup), min_size=1, max_size=5))
 def test_random_agent_loops_stay_in_one_exact_segment(tok, script):
     tracker, model = ConversationTracker(tok), Model(tok)
@@ -570,7 +573,9 @@ def test_first_with_tools_rule_makes_the_agent_main_after_a_title_call(tok):
         ConversationTracker(tok, main_thread="longest")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.text(alphabet=st.characters(codec="utf-8"), max_size=200)
     | st.lists(

@@ -23,6 +23,7 @@ from proxy.trajectory import (
     TurnRecord,
     experts_sentinel,
 )
+from tests._hypothesis import examples
 
 L, K = 2, 2  # layers, top_k of the fake MoE
 
@@ -428,7 +429,7 @@ _turn = st.tuples(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(_turn, min_size=1, max_size=10))
 def test_any_checkpoint_schedule_rebuilds_the_trajectory(turns):
     t = Trajectory("s")

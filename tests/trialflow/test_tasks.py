@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests._hypothesis import examples
 from tests.trialflow.conftest import EXAMPLES, SAMPLE_TASKS
 from trialflow.errors import TaskInvalid, UnsupportedEnvironment, UnsupportedFeature
 from trialflow.tasks import hash_tree, load_task, parse_size_mb
@@ -253,7 +254,9 @@ def test_parse_size_rejects(text):
 _toml_text = st.text(alphabet=string.printable, max_size=200)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(body=_toml_text)
 def test_any_task_toml_loads_or_raises_task_invalid(tmp_path, body):
     """Whatever bytes task.toml holds, loading never fails with anything but TaskInvalid."""
@@ -277,7 +280,9 @@ _scalar = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     section=st.sampled_from(["verifier", "agent", "environment", "solution"]),
     key=st.sampled_from(

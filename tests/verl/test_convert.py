@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.trajectory import Trajectory
+from tests._hypothesis import examples
 from tests.verl._support import LAYERS, TOP_K, Turn, add_segment, result, roundtrip
 from trialflow.verl.convert import ConversionError, ConvertConfig, convert_trial, extra_fields, loop_metrics
 
@@ -214,7 +215,7 @@ def test_metrics_and_extra_fields():
     assert loop_metrics(None, res)["generate_sequences"] == 0.0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     prompt_len=st.integers(1, 12),
     turns=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 4)), min_size=1, max_size=4),

@@ -65,6 +65,19 @@ async def test_sandbox_reaches_its_listener_and_not_the_host(sandbox_for):
             await server.wait_closed()
 
 
+async def _until_running(sb, cmdlines: list[str], also: str, timeout_s: float = 30) -> None:
+    """Until a process with each of ``cmdlines`` runs in ``sb`` and ``also`` succeeds there."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        ps = await sb.exec(
+            f"{also} && for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null | tr '\\0' ' '; echo; done"
+        )
+        if ps.ok and all(c in ps.stdout for c in cmdlines):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"not all of {cmdlines} started: {ps.stdout}"
+        await asyncio.sleep(0.05)
+
+
 async def test_stop_processes_kills_daemons_and_keeps_the_sandbox(sandbox_for):
     sb = await sandbox_for(load_task(EXAMPLES / "create-file"))
     started = await sb.exec(
@@ -73,11 +86,11 @@ async def test_stop_processes_kills_daemons_and_keeps_the_sandbox(sandbox_for):
         timeout_s=30,
     )
     assert started.ok
-    await asyncio.sleep(0.3)
+    await _until_running(sb, ["sleep 1000", "sleep 999", "while :"], also="test -e /tmp/reward")
     killed = await sb.stop_processes()
     assert killed >= 3
     await sb.exec("rm -f /tmp/reward", user="0")
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # the subject: a surviving loop would write /tmp/reward again by now
     after = await sb.exec(
         "ls /tmp; for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null | tr '\\0' ' '; echo; done"
     )

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests._hypothesis import examples
 from trialflow.errors import OutputBudgetExceeded
 from trialflow.sandbox.transfer import Allowance, extract_stream
 
@@ -110,7 +111,7 @@ def test_entries_and_hard_links_are_charged(tmp_path):
         )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 5000), max_size=12),
     budget=st.integers(0, 20_000),
