@@ -97,6 +97,7 @@ with workflow.unsafe.imports_passed_through():
         StoreResultInput,
         TeardownInput,
         Termination,
+        TrialCounters,
         TrialError,
         TrialProgress,
         TrialResult,
@@ -488,9 +489,7 @@ class TrialWorkflow:
             verifier_trust=verify.verifier_trust,
             termination_reason=scaffold.termination_reason,
             error=scaffold.error,
-            turns=scaffold.turns,
-            prompt_tokens=scaffold.prompt_tokens,
-            response_tokens=scaffold.response_tokens,
+            **scaffold.counters(),
             trajectory_uri=scaffold.trajectory_uri,
             logs_uri=scaffold.logs_uri,
             timings=timings,
@@ -597,6 +596,15 @@ class TrialWorkflow:
                 termination = "verifier_error"
         if error is None and scaffold is not None:
             error = scaffold.error
+        if scaffold is not None:
+            counters = scaffold.counters()
+        else:  # no scaffold outcome: what the heartbeats last reported
+            progress = self._progress
+            counters = TrialCounters(
+                turns=progress.turns,
+                prompt_tokens=progress.prompt_tokens,
+                response_tokens=progress.response_tokens,
+            ).counters()
         return TrialResult.of(
             spec,
             step_results=tally.steps,
@@ -608,14 +616,8 @@ class TrialWorkflow:
             termination_reason=termination,
             network_mode=tally.network_mode,
             verifier_trust=verify.verifier_trust if verify else None,
-            turns=scaffold.turns if scaffold else self._progress.turns,
-            replayed_turns=scaffold.replayed_turns if scaffold else 0,
+            **counters,
             generated_turns=scaffold.turns - scaffold.replayed_turns if scaffold else 0,
-            tool_calls=scaffold.tool_calls if scaffold else 0,
-            rewrites_client=scaffold.rewrites_client if scaffold else 0,
-            rewrites_template=scaffold.rewrites_template if scaffold else 0,
-            prompt_tokens=scaffold.prompt_tokens if scaffold else self._progress.prompt_tokens,
-            response_tokens=scaffold.response_tokens if scaffold else self._progress.response_tokens,
             timings=tally.timings,
             attempts=tally.attempts,
             attempt_records=tally.attempt_records,
@@ -640,9 +642,7 @@ def _steps_outcome(steps: list[StepResult], strategy: str | None) -> tuple[Scaff
     last = steps[-1]
     scaffold = ScaffoldOutput(
         termination_reason=last.termination_reason or "setup_error",
-        turns=sum(s.turns for s in steps),
-        prompt_tokens=sum(s.prompt_tokens for s in steps),
-        response_tokens=sum(s.response_tokens for s in steps),
+        **TrialCounters.summed(steps),
         error=last.error,
         logs_uri=last.logs_uri,
     )
