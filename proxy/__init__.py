@@ -23,7 +23,7 @@ _EXPORTS = {
     "ProxyError": "proxy.errors",
     "ProtocolError": "proxy.errors",
     "BackendError": "proxy.errors",
-    "ReplicaUnavailable": "proxy.errors",
+    "ReplicaUnreachable": "proxy.errors",
     "ContextExhausted": "proxy.errors",
     "CompletionRequest": "proxy.backend",
     "VLLMClient": "proxy.backend",
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from proxy.backend import CompletionRequest, VLLMClient
     from proxy.chat import ChatRequest, Generation, ParsedOutput, SamplingParams, ToolCall, TurnOutcome
     from proxy.checkpoint import CheckpointSink, DirectorySink, MemorySink
-    from proxy.errors import BackendError, ContextExhausted, ProtocolError, ProxyError, ReplicaUnavailable
+    from proxy.errors import BackendError, ContextExhausted, ProtocolError, ProxyError, ReplicaUnreachable
     from proxy.pool import ReplicaPool
     from proxy.server import ProxyServer, SessionHandle
     from proxy.session import Session, SessionConfig

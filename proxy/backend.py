@@ -15,7 +15,7 @@ back to a top-level ``prompt_token_ids``), ``choices[0].logprobs.token_logprobs`
 models / R3 off).
 
 Errors (see ``proxy.errors``):
-- connection refused/reset, server disconnect, timeout -> ``ReplicaUnavailable``
+- connection refused/reset, server disconnect, timeout -> ``ReplicaUnreachable``
 - HTTP 5xx -> ``BackendHTTPError`` (``is_retryable(exc)`` is True: another replica may answer)
 - HTTP 4xx -> ``BackendHTTPError`` carrying vLLM's message (not retryable: the same body
   would fail everywhere)
@@ -42,7 +42,7 @@ import numpy as np
 
 from proxy import jsonio
 from proxy.chat import FinishReason, Generation, SamplingParams
-from proxy.errors import BackendError, BackendHTTPError, ReplicaUnavailable
+from proxy.errors import BackendError, BackendHTTPError, ReplicaUnreachable
 from proxy.http1 import Http1Error, Http1Pool
 from proxy.trajectory import IDS_CODE, same_ids
 
@@ -53,7 +53,7 @@ class BackendProtocolError(BackendError):
 
 def is_retryable(exc: BackendError) -> bool:
     """Whether another replica might succeed where this error happened."""
-    if isinstance(exc, ReplicaUnavailable):
+    if isinstance(exc, ReplicaUnreachable):
         return True
     return isinstance(exc, BackendHTTPError) and exc.upstream_status >= 500
 
@@ -250,7 +250,7 @@ class VLLMClient:
             self._http = None
 
     async def complete(self, req: CompletionRequest) -> Generation:
-        """One generation. Raises ``ReplicaUnavailable`` / ``BackendHTTPError`` /
+        """One generation. Raises ``ReplicaUnreachable`` / ``BackendHTTPError`` /
         ``BackendProtocolError`` as described in the module docstring."""
         prompt_json = encode_prompt(req.prompt_ids)  # once: the body's prompt and the echo check
         body = jsonio.dumps(build_body(req, prompt_json))
@@ -269,7 +269,7 @@ class VLLMClient:
                     raw = await resp.read()
                     status = resp.status
         except (TimeoutError, Http1Error, aiohttp.ClientConnectionError) as exc:
-            raise ReplicaUnavailable(f"{self.url}: {type(exc).__name__}: {exc}", replica=self.url) from exc
+            raise ReplicaUnreachable(f"{self.url}: {type(exc).__name__}: {exc}", replica=self.url) from exc
         if status >= 400:
             raise BackendHTTPError(status, _error_message(raw.decode(errors="replace")), replica=self.url)
         # a tracing hook sees vLLM's whole answer, so only untraced calls take the shortcut

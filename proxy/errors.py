@@ -14,7 +14,8 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
     │   ├── PayloadTooLarge [413]      body over the server's size limit
     │   └── TooManyRequests [429]      the session's requests in flight (count or body bytes) at their limit
     └── BackendError [5xx]             the replicas failed; the request itself was fine
-        ├── ReplicaUnavailable [503]   no healthy replica (or all retries spent)
+        ├── ReplicaUnreachable [503]   a replica did not answer (refused, reset, timed out, hung);
+        │                              from the pool: none did, every retry spent
         ├── BackendHTTPError [502]     a replica answered with an unexpected HTTP status
         └── GenerationAborted [503]    a generation was aborted and could not be resumed
 
@@ -24,12 +25,17 @@ Error tree (HTTP status in brackets; Anthropic renders 529 where OpenAI renders 
 protocol modules map to their own type names. ``BackendError`` is retryable from the
 client's point of view: both official SDKs retry 409 and 5xx/529 answers on their own.
 
+``ReplicaUnreachable`` was called ``ReplicaUnavailable``; that name still imports from here,
+with a ``DeprecationWarning``. It is not the pipeline's ``trialflow.errors.ReplicaUnavailable``
+(a trial attempt whose agent failed while its model pool was down: a Temporal error type).
+
 This module is pure: no I/O, no framework imports.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
 ErrorType = Literal[
     "invalid_request",
@@ -170,7 +176,11 @@ class BackendError(ProxyError):
         self.replica = replica
 
 
-class ReplicaUnavailable(BackendError):
+class ReplicaUnreachable(BackendError):
+    """A generation call got no answer from its replica (connection refused or reset, the
+    server gone, a timeout or a hung replica's deadline); raised by the pool once no replica
+    answered. OpenAI answers carry the class name as ``code``."""
+
     status = 503
 
 
@@ -187,3 +197,15 @@ class BackendHTTPError(BackendError):
 
 class GenerationAborted(BackendError):
     status = 503
+
+
+_RENAMED = {"ReplicaUnavailable": "ReplicaUnreachable"}
+
+
+def __getattr__(name: str) -> Any:
+    """Old names of renamed errors, with a ``DeprecationWarning``."""
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(f"proxy.errors.{name} is now {new}", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

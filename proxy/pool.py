@@ -8,11 +8,11 @@ Policy (the one place retries live):
   ever stuck to it, then the earliest added. The last two matter when trials trickle in one
   at a time: every replica is idle then, and "earliest added" alone would send every
   session to the first replica.
-- A turn that fails with ``ReplicaUnavailable`` or a 5xx ``BackendHTTPError`` is
+- A turn that fails with ``ReplicaUnreachable`` or a 5xx ``BackendHTTPError`` is
   replayed on another replica (the proxy holds the prompt tokens, so a turn is
   replayable); replicas marked down are tried last, since health marks can be stale.
   Each replica is tried at most once per attempt; when none answers the pool raises
-  ``ReplicaUnavailable`` naming every failure. Non-retryable errors propagate at once.
+  ``ReplicaUnreachable`` naming every failure. Non-retryable errors propagate at once.
 - A generation the backend aborts (finish_reason "abort", e.g. during a weight sync) is
   resumed: prompt + tokens so far are re-sent with the remaining ``max_tokens`` and the
   pieces are stitched into ONE ``Generation`` (``resumed_after_abort`` counts resumes).
@@ -30,7 +30,7 @@ Policy (the one place retries live):
   ``outage_hold_s`` (default 300 s, below the 600 s read timeout of the official SDKs and
   Claude Code, so a non-streaming client is still waiting; streaming clients get the
   server's keep-alive pings meanwhile). Only past that bound does it fail with
-  ``ReplicaUnavailable``; ``outage_hold_s`` 0 fails at once. ``on_hold`` (an argument of
+  ``ReplicaUnreachable``; ``outage_hold_s`` 0 fails at once. ``on_hold`` (an argument of
   ``generate``) is called when a turn starts to be held. The first ``max_model_len`` is
   waited for the same way (``context_limit(hold=True)``).
 - A hung replica (a stopped process, a wedged GPU) answers neither the turn nor the health
@@ -65,7 +65,7 @@ import numpy as np
 
 from proxy.backend import CompletionRequest, VLLMClient, is_retryable
 from proxy.chat import Generation
-from proxy.errors import BackendError, GenerationAborted, ReplicaUnavailable
+from proxy.errors import BackendError, GenerationAborted, ReplicaUnreachable
 from proxy.trajectory import id_array
 
 log = logging.getLogger(__name__)
@@ -394,7 +394,7 @@ class ReplicaPool:
         errors: list[str] = []
         candidates = self._candidates(session_key)
         if not candidates:
-            raise ReplicaUnavailable("no replicas configured")
+            raise ReplicaUnreachable("no replicas configured")
         for rep in candidates:
             rep.in_flight += 1
             started = time.monotonic()
@@ -404,7 +404,7 @@ class ReplicaPool:
                 if not is_retryable(exc):
                     raise
                 rep.failures += 1
-                if isinstance(exc, ReplicaUnavailable):
+                if isinstance(exc, ReplicaUnreachable):
                     rep.up = False
                 errors.append(str(exc))
                 continue
@@ -418,7 +418,7 @@ class ReplicaPool:
             if self._sticky.get(session_key) != rep.url:
                 self._stick(session_key, rep.url)
             return gen
-        raise ReplicaUnavailable("no replica answered: " + "; ".join(errors))
+        raise ReplicaUnreachable("no replica answered: " + "; ".join(errors))
 
     async def _attempt(self, rep: Replica, req: CompletionRequest) -> Generation:
         """One call on ``rep``, cancelled at its deadline or when ``rep`` is marked down
@@ -446,7 +446,7 @@ class ReplicaPool:
             rep.up = False
             why = f"gave no answer within its {deadline:.1f} s deadline ({req.max_tokens} max tokens)"
         log.warning("replica %s %s; the turn moves to another replica", rep.url, why)
-        raise ReplicaUnavailable(f"{rep.url} {why}", replica=rep.url)
+        raise ReplicaUnreachable(f"{rep.url} {why}", replica=rep.url)
 
     async def _generate_held(
         self, session_key: str, req: CompletionRequest, on_hold: Callable[[], None] | None
@@ -456,7 +456,7 @@ class ReplicaPool:
         while True:
             try:
                 return await self._generate_once(session_key, req)
-            except ReplicaUnavailable as exc:
+            except ReplicaUnreachable as exc:
                 if self.outage_hold_s <= 0:
                     raise
                 if deadline is None:
@@ -470,7 +470,7 @@ class ReplicaPool:
                     if on_hold is not None:
                         on_hold()
                 if time.monotonic() >= deadline or not await self._wait_for_replica(deadline):
-                    raise ReplicaUnavailable(
+                    raise ReplicaUnreachable(
                         f"no replica could serve the turn within {self.outage_hold_s:g} s: {exc}",
                         replica=exc.replica,
                     ) from None

@@ -102,7 +102,7 @@ from proxy.errors import (
     InvalidRequest,
     NotFound,
     ReplayDiverged,
-    ReplicaUnavailable,
+    ReplicaUnreachable,
     TurnLimitReached,
 )
 from proxy.parsers import (
@@ -421,7 +421,7 @@ class Session:
         _check_sampling(request.sampling)
         if self.config.infra_ends_session and self.trajectory.counters.infra_errors and not self.closed:
             self.trajectory.note_infra_error()
-            raise ReplicaUnavailable(
+            raise ReplicaUnreachable(
                 "an earlier turn of this attempt failed on infrastructure; it is retried"
             )
         if request.tools and not self.closed:
@@ -573,7 +573,7 @@ class Session:
                 call.cancel()
                 raise
             self.trajectory.note_infra_error()
-            raise ReplicaUnavailable("the session closed while its turn waited for a replica") from None
+            raise ReplicaUnreachable("the session closed while its turn waited for a replica") from None
         finally:
             self._held = None
 
@@ -658,7 +658,7 @@ class Session:
             on_hold()
             n = await self.pool.context_limit(hold=True)
             if n is None:
-                raise ReplicaUnavailable(
+                raise ReplicaUnreachable(
                     "no replica reports max_model_len and the session sets no max_context_tokens"
                 )
             return n

@@ -36,7 +36,7 @@
     │   ├── ModelNotConfigured          a scaffold needs a model; this worker has no proxy (never retried)
     │   ├── InvalidSampling             the proxy refused the trial's session settings (never retried)
     │   └── ReplicaUnavailable          the agent failed while no replica of its pool answered (retried:
-    │                                   a new attempt; the proxy's own 503 is proxy.errors.ReplicaUnavailable)
+    │                                   a new attempt); not the proxy's per-call ReplicaUnreachable
     └── StorageError                    the result store failed (network, 5xx)          (retried)
         ├── ObjectNotFound              key/URI does not exist                          (never retried)
         └── ObjectExists                a write-once key already holds other bytes      (never retried)
@@ -255,7 +255,11 @@ class InvalidSampling(ModelError):
 
 class ReplicaUnavailable(ModelError):
     """The agent failed while no replica of its session's pool answered a health probe: the
-    model was down, not the agent wrong. A new attempt may find it back."""
+    model was down, not the agent wrong. A new attempt may find it back.
+
+    One attempt's outcome, seen by the workflow. Its name is persisted (the ApplicationError
+    type in Temporal histories, `TrialError.type` in stored results), so it stays. A single
+    generation call that got no answer is the proxy's `proxy.errors.ReplicaUnreachable`."""
 
     retryable = True
 

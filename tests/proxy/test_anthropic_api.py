@@ -28,7 +28,7 @@ from proxy.errors import (
     NotFound,
     PayloadTooLarge,
     ProtocolError,
-    ReplicaUnavailable,
+    ReplicaUnreachable,
 )
 from tests._hypothesis import examples
 from tests.proxy._strategies import json_values, mostly, short
@@ -506,7 +506,7 @@ def check_parse(body: Any) -> None:
         (ContextExhausted(5000, 4096), 400, "invalid_request_error", anthropic.BadRequestError),
         (NotFound("no such session"), 404, "not_found_error", anthropic.NotFoundError),
         (PayloadTooLarge(50, 10), 413, "request_too_large", anthropic.APIStatusError),
-        (ReplicaUnavailable("all replicas down"), 529, "overloaded_error", anthropic.InternalServerError),
+        (ReplicaUnreachable("all replicas down"), 529, "overloaded_error", anthropic.InternalServerError),
         (GenerationAborted("aborted twice"), 529, "overloaded_error", anthropic.InternalServerError),
         (BackendHTTPError(500, "oops", "http://r1"), 502, "api_error", anthropic.InternalServerError),
         (RuntimeError("bug"), 500, "api_error", anthropic.InternalServerError),
@@ -538,7 +538,7 @@ def test_context_exhausted_uses_the_wording_claude_code_matches():
 
 
 def test_error_event_mid_stream():
-    name, data = api.error_event(ReplicaUnavailable("gone"))
+    name, data = api.error_event(ReplicaUnreachable("gone"))
     assert name == "error" and data == {
         "type": "error",
         "error": {"type": "overloaded_error", "message": "gone"},

@@ -16,7 +16,7 @@ from proxy.backend import (
     parse_completion,
 )
 from proxy.chat import SamplingParams
-from proxy.errors import BackendHTTPError, ReplicaUnavailable
+from proxy.errors import BackendHTTPError, ReplicaUnreachable
 from tests.doubles.scripted_vllm import (
     Abort,
     Drop,
@@ -105,12 +105,12 @@ async def test_error_mapping(tok):
         assert (
             e4.value.upstream_status == 400 and not is_retryable(e4.value) and "bad prompt" in str(e4.value)
         )
-        with pytest.raises(ReplicaUnavailable):
+        with pytest.raises(ReplicaUnreachable):
             await client.complete(_req())
         await client.close()
         url = dbl.url
     refused = VLLMClient(url)
-    with pytest.raises(ReplicaUnavailable):
+    with pytest.raises(ReplicaUnreachable):
         await refused.complete(_req())
     assert not await refused.healthy()
     await refused.close()
@@ -119,7 +119,7 @@ async def test_error_mapping(tok):
 async def test_timeout_is_replica_unavailable(tok):
     async with ScriptedVLLM(tok, script=[Reply("slow", delay_s=2.0)]) as dbl:
         client = VLLMClient(dbl.url, timeout_s=0.3)
-        with pytest.raises(ReplicaUnavailable):
+        with pytest.raises(ReplicaUnreachable):
             await client.complete(_req())
         await client.close()
 

@@ -21,7 +21,7 @@ EXPECTED = {
     "ProxyError",
     "ProxyServer",
     "ReplicaPool",
-    "ReplicaUnavailable",
+    "ReplicaUnreachable",
     "SamplingParams",
     "Session",
     "SessionConfig",
@@ -79,3 +79,20 @@ def test_parser_exports_are_pinned():
     code = "import sys, proxy.parsers; print('openai_harmony' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_renamed_replica_error_still_imports_with_a_warning():
+    """`ReplicaUnreachable` (a replica call without an answer) was `ReplicaUnavailable`, the
+    name the pipeline keeps for an attempt whose model pool was down."""
+    import pytest
+
+    from proxy import errors
+    from trialflow.errors import ReplicaUnavailable as PipelineReplicaUnavailable
+
+    with pytest.warns(DeprecationWarning, match="ReplicaUnreachable"):
+        from proxy.errors import ReplicaUnavailable
+    assert ReplicaUnavailable is errors.ReplicaUnreachable
+    assert not issubclass(PipelineReplicaUnavailable, errors.ProxyError)
+    assert "ReplicaUnavailable" not in proxy.__all__
+    with pytest.raises(AttributeError, match="NoSuchError"):
+        errors.NoSuchError  # noqa: B018

@@ -25,7 +25,7 @@ from proxy.errors import (
     InvalidRequest,
     NotFound,
     ProtocolError,
-    ReplicaUnavailable,
+    ReplicaUnreachable,
 )
 from tests._hypothesis import examples
 from tests.proxy._strategies import json_values, mostly, short
@@ -480,7 +480,7 @@ def check_parse(body: Any) -> None:
     [
         (InvalidRequest("bad", param="messages[0]"), 400, "invalid_request_error", openai.BadRequestError),
         (NotFound("no such session"), 404, "not_found_error", openai.NotFoundError),
-        (ReplicaUnavailable("all replicas down"), 503, "server_error", openai.InternalServerError),
+        (ReplicaUnreachable("all replicas down"), 503, "server_error", openai.InternalServerError),
         (BackendHTTPError(500, "oops"), 502, "server_error", openai.InternalServerError),
         (KeyError("bug"), 500, "server_error", openai.InternalServerError),
     ],
@@ -506,7 +506,7 @@ def test_context_exhausted_matches_openai_wording_and_code():
 
 
 def test_sse_error_and_framing():
-    assert api.sse_error(ReplicaUnavailable("gone")).startswith(b'data: {"error":{"message":"gone"')
+    assert api.sse_error(ReplicaUnreachable("gone")).startswith(b'data: {"error":{"message":"gone"')
     assert api.sse_chunk({"a": 1}) == b'data: {"a":1}\n\n' and api.SSE_DONE == b"data: [DONE]\n\n"
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from proxy.backend import CompletionRequest, VLLMClient
-from proxy.errors import BackendHTTPError, GenerationAborted, ReplicaUnavailable
+from proxy.errors import BackendHTTPError, GenerationAborted, ReplicaUnreachable
 from proxy.pool import Deadlines, ReplicaPool, SharedPools, replica_url
 from tests._wait import wait_until
 from tests.doubles.process import double_process
@@ -76,11 +76,11 @@ async def test_all_dead_is_clear_error_and_4xx_not_retried(tok):
             assert e.value.upstream_status == 400 and b.requests == []
             await a.stop()
             await b.stop()
-            with pytest.raises(ReplicaUnavailable) as dead:
+            with pytest.raises(ReplicaUnreachable) as dead:
                 await pool.generate("s", _req())
             assert a.url in str(dead.value) and b.url in str(dead.value)
     async with ReplicaPool([], health_interval_s=None, outage_hold_s=0) as empty:
-        with pytest.raises(ReplicaUnavailable):
+        with pytest.raises(ReplicaUnreachable):
             await empty.generate("s", _req())
 
 
@@ -256,12 +256,12 @@ async def test_past_the_hold_the_turn_fails_and_a_zero_hold_fails_at_once(tok):
             a, outage_hold_s=0.5, outage_retry_s=0.1
         ) as pool:  # no health loop: it probes itself
             started = loop.time()
-            with pytest.raises(ReplicaUnavailable, match=r"within 0\.5 s") as exc:
+            with pytest.raises(ReplicaUnreachable, match=r"within 0\.5 s") as exc:
                 await pool.generate("s", _req())
             assert 0.5 <= loop.time() - started < 3 and a.url in str(exc.value)
         async with _pool(a, outage_hold_s=0) as pool:
             started = loop.time()
-            with pytest.raises(ReplicaUnavailable):
+            with pytest.raises(ReplicaUnreachable):
                 await pool.generate("s", _req())
             assert loop.time() - started < 0.5
     with pytest.raises(ValueError):
@@ -281,9 +281,9 @@ async def test_a_busy_replica_is_not_marked_down_by_a_missed_health_probe(tok):
             assert not pool.replicas[0].up
         a.default = Reply("slow", delay_s=1.5)
         async with _pool(a, health_interval_s=0.1, health_timeout_s=0.1, busy_grace_s=0.3) as pool:
-            with pytest.raises(ReplicaUnavailable, match="marked down while generating"):
+            with pytest.raises(ReplicaUnreachable, match="marked down while generating"):
                 await pool.generate("s", _req())  # silent for longer than the grace: down (hung)
         a.health_delay_s, a.healthy = 0.0, False
         async with _pool(a, health_interval_s=0.1, busy_grace_s=30) as pool:
-            with pytest.raises(ReplicaUnavailable, match="marked down while generating"):
+            with pytest.raises(ReplicaUnreachable, match="marked down while generating"):
                 await pool.generate("s", _req())  # it answered 503: down at once

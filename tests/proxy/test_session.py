@@ -10,7 +10,7 @@ import pytest
 
 from proxy.chat import ChatRequest, SamplingParams
 from proxy.checkpoint import DirectorySink, MemorySink
-from proxy.errors import BudgetSpent, ContextExhausted, NotFound, ReplicaUnavailable, TurnLimitReached
+from proxy.errors import BudgetSpent, ContextExhausted, NotFound, ReplicaUnreachable, TurnLimitReached
 from proxy.session import Session, SessionConfig
 from proxy.trajectory import Trajectory
 from tests._wait import wait_until
@@ -128,7 +128,7 @@ async def test_failed_turn_commits_nothing_then_recovers(tok):
     before = token_view(s.trajectory), list(s.trajectory.turns)
     port = dbl.port
     await dbl.stop()
-    with pytest.raises(ReplicaUnavailable):
+    with pytest.raises(ReplicaUnreachable):
         await s.run_turn(_req(m1 + [{"role": "user", "content": "more"}]), new_tool_call_id=_ids())
     assert (token_view(s.trajectory), list(s.trajectory.turns)) == before
     assert s.trajectory.counters.infra_errors == 1  # the agent saw infrastructure fail
@@ -511,7 +511,7 @@ async def test_closing_a_session_cancels_its_turn_held_for_an_outage(tok):
         started = time.monotonic()
         t = await asyncio.wait_for(s.close(), 5)
         assert time.monotonic() - started < 2
-        with pytest.raises(ReplicaUnavailable, match="closed while its turn waited"):
+        with pytest.raises(ReplicaUnreachable, match="closed while its turn waited"):
             await turn
     assert (t.counters.turns, t.counters.outage_holds, t.counters.infra_errors) == (0, 1, 1)
     again = Trajectory.from_bytes(t.to_bytes())
