@@ -76,7 +76,7 @@ def test_run_status_replay_inspect(cli_env):
 
     replay = _invoke(cli_env, "replay", batch_id, "--failed")
     assert replay.exit_code == 1, replay.output  # still broken
-    assert "replaying 1 failed trial" in replay.output and f"{broken_id}-r1" in replay.output
+    assert "rerunning 1 failed trial" in replay.output and f"{broken_id}-r1" in replay.output
 
     status = _invoke(cli_env, "status", batch_id)
     assert f"{broken_id}-r1" in status.output  # linked to its original in the same batch

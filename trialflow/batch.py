@@ -100,7 +100,7 @@ def task_labels(task_paths: Sequence[str | Path]) -> list[str]:
     problems = []
     for i, path in enumerate(resolved):
         if path in seen:
-            problems.append(f"{path}: given twice (use --attempts for more samples of one task)")
+            problems.append(f"{path}: given twice (use --samples for more trials of one task)")
         seen.setdefault(path, i)
     if problems:
         raise TrialIdCollision("\n".join(problems))
@@ -292,7 +292,7 @@ class TrialStatus:
 
 
 async def list_trials(client: Client, batch_id: str) -> list[TrialStatus]:
-    """Every trial workflow (replays included) with TrialBatchId = batch_id, by id.
+    """Every trial workflow (reruns of failed trials included) with TrialBatchId = batch_id, by id.
 
     Visibility is eventually consistent: a trial started a moment ago may be missing.
     """
@@ -326,12 +326,12 @@ async def spec_of(client: Client, workflow_id: str) -> TrialSpec:
 
 
 async def replay_failed(client: Client, batch_id: str) -> list[TrialSpec]:
-    """Specs that re-run each failed trial of the batch with the same inputs.
+    """Specs that rerun each failed trial of the batch with the same inputs (new trials).
 
     A trial counts as failed when it closed with an error in its result or an invalid reward
     (a verifier that crashed), or when its
-    workflow itself did not complete. Trials already replayed successfully are skipped;
-    the new spec's replay number follows the highest existing replay of that trial.
+    workflow itself did not complete. Trials already rerun successfully are skipped;
+    the new spec's rerun number (`TrialSpec.replay`) follows the highest existing rerun of that trial.
     """
     trials = await list_trials(client, batch_id)
     by_original: dict[str, list[TrialStatus]] = {}
@@ -352,7 +352,7 @@ async def replay_failed(client: Client, batch_id: str) -> list[TrialSpec]:
 
 
 def replay_number(original_id: str, workflow_id: str) -> int:
-    """0 for the original trial, n for its ``-r{n}`` replay (numeric, so r10 > r9)."""
+    """0 for the original trial, n for its ``-r{n}`` rerun (numeric, so r10 > r9)."""
     if workflow_id == original_id:
         return 0
     return int(workflow_id.removeprefix(f"{original_id}-r"))

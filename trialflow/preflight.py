@@ -43,15 +43,15 @@ def check_run(
     task_dirs: Sequence[Path],
     scaffold: str,
     *,
-    attempts: int,
+    samples: int,
     scaffold_options: dict[str, Any] | None = None,
     store: Callable[[], ResultStore] | None = None,
     model: InProcessModel | None = None,
 ) -> list[str]:
     """Problems that would make the batch fail or mislead, one line each (empty: none)."""
     problems: list[str] = []
-    if attempts < 1:
-        problems.append(f"--attempts must be at least 1 (got {attempts})")
+    if samples < 1:
+        problems.append(f"--samples must be at least 1 (got {samples})")
     if not task_dirs:
         problems.append("no task directories given")
     try:

@@ -7,8 +7,8 @@ later without breaking recorded histories (new fields need defaults).
 Identity and layout rules (pure functions, used by the workflow AND by clients):
 
 - workflow id: ``trial-{batch_id}-{task_name}-{sample_index}`` (`trial_id`; `task_name` is unique
-  within a batch: `trialflow.batch.task_labels`, and `batch.submit` refuses clashing ids); the n-th replay
-  of a failed trial gets ``{that id}-r{n}`` and names the original in `TrialSpec.replay_of`
+  within a batch: `trialflow.batch.task_labels`, and `batch.submit` refuses clashing ids); the n-th rerun
+  of a failed trial (`trialflow replay BATCH --failed`) gets ``{that id}-r{n}`` and names the original in `TrialSpec.replay_of`
   (also in the workflow memo).
 - shared task queue: `SHARED_QUEUE` (workflows, result storage, teardown fallback: any
   worker); sandbox set-up on ``{shared}-setup`` (`setup_queue`), also any worker.
@@ -155,8 +155,9 @@ class TrialSpec(BaseModel):
     # The weights version the replicas serve for this trial (verl: `SampleIdentity.policy_version`),
     # recorded in the trajectory unless the worker's proxy heard a newer weight sync.
     policy_version: int | None = None
-    replay_of: str | None = None  # original workflow id when this is a replay
-    replay: int = 0  # n-th replay of that trial (0: the original)
+    # A rerun of a failed trial (`replay --failed`; the field names predate the word):
+    replay_of: str | None = None  # original workflow id when this is a rerun
+    replay: int = 0  # n-th rerun of that trial (0: the original)
     # How fast a lost worker is noticed: heartbeat silence, and how long an activity may
     # wait on a host queue that nobody polls any more.
     heartbeat_timeout_s: float = 30.0
@@ -165,7 +166,7 @@ class TrialSpec(BaseModel):
 
     @property
     def trial_id(self) -> str:
-        """The workflow id; a replay gets its own (``...-r{n}``) so nothing is overwritten."""
+        """The workflow id; a rerun gets its own (``...-r{n}``) so nothing is overwritten."""
         base = trial_id(self.batch_id, self.task_name, self.sample_index)
         return f"{base}-r{self.replay}" if self.replay else base
 

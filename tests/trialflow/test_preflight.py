@@ -21,7 +21,7 @@ def _copy(tmp_path: Path, rel: str, src: str = "create-file") -> Path:
 
 def test_a_good_batch_has_no_problems(tmp_path):
     tasks = [EXAMPLES / "create-file", EXAMPLES / "fix-bug"]
-    assert check_run(tasks, "oracle", attempts=2, store=lambda: LocalStore(tmp_path / "store")) == []
+    assert check_run(tasks, "oracle", samples=2, store=lambda: LocalStore(tmp_path / "store")) == []
 
 
 def test_every_problem_one_line(tmp_path):
@@ -30,10 +30,10 @@ def test_every_problem_one_line(tmp_path):
     gpu = _copy(tmp_path, "gpu")
     (gpu / "task.toml").write_text((gpu / "task.toml").read_text() + "gpus = 1\n")
     a, b = _copy(tmp_path, "x/dup"), _copy(tmp_path, "y/dup")
-    problems = check_run([tmp_path / "missing", no_solution, gpu, a, a, b], "oracle", attempts=0, store=None)
+    problems = check_run([tmp_path / "missing", no_solution, gpu, a, a, b], "oracle", samples=0, store=None)
     text = "\n".join(problems)
     assert all("\n" not in p for p in problems)
-    assert "--attempts must be at least 1 (got 0)" in text
+    assert "--samples must be at least 1 (got 0)" in text
     assert "missing: no such task directory" in text
     assert "solution/solve.sh is missing" in text
     assert "[environment].gpus = 1: sandboxes get no GPUs" in text
@@ -43,38 +43,43 @@ def test_every_problem_one_line(tmp_path):
 
 def test_oracle_needs_a_solution_for_every_step(tmp_path):
     steps = _copy(tmp_path, "steps", "log-pipeline")
-    assert check_run([steps], "oracle", attempts=1, store=None) == []
+    assert check_run([steps], "oracle", samples=1, store=None) == []
     shutil.rmtree(steps / "solution")  # "filter" has no solution/ of its own: none is left for it
-    [problem] = check_run([steps], "oracle", attempts=1, store=None)
+    [problem] = check_run([steps], "oracle", samples=1, store=None)
     assert "step 'filter': neither steps/filter/solution/solve.sh nor solution/solve.sh" in problem
-    assert check_run([steps], "nop", attempts=1, store=None) == []
+    assert check_run([steps], "nop", samples=1, store=None) == []
     (steps / "steps/count/solution/solve.sh").unlink()
     assert (
-        "steps/count/solution/solve.sh is missing" in check_run([steps], "oracle", attempts=1, store=None)[1]
+        "steps/count/solution/solve.sh is missing" in check_run([steps], "oracle", samples=1, store=None)[1]
     )
 
 
 def test_unknown_scaffold_and_a_store_that_does_not_answer(tmp_path):
     (tmp_path / "ro").write_text("a file where the store dir should be")
     problems = check_run(
-        [EXAMPLES / "create-file"], "no-such-agent", attempts=1, store=lambda: LocalStore(tmp_path / "ro")
+        [EXAMPLES / "create-file"], "no-such-agent", samples=1, store=lambda: LocalStore(tmp_path / "ro")
     )
     assert problems[0].startswith("--scaffold: unknown scaffold 'no-such-agent'")
     assert problems[1].startswith("result store does not answer")
 
 
-def test_cli_run_refuses_before_submitting(tmp_path):
-    """No Temporal runs here: the refusal comes before any connection is made."""
-    result = CliRunner().invoke(
+def _run_nowhere(tmp_path, samples_flag: str):
+    """`trialflow run` of a missing task with 0 samples under `samples_flag`, nothing to connect to."""
+    return CliRunner().invoke(
         app,
-        ["run", str(tmp_path / "nowhere"), "--attempts", "0", "--store-dir", str(tmp_path / "s"),
+        ["run", str(tmp_path / "nowhere"), samples_flag, "0", "--store-dir", str(tmp_path / "s"),
          "--temporal-address", "127.0.0.1:1"],
         catch_exceptions=False,
     )  # fmt: skip
+
+
+def test_cli_run_refuses_before_submitting(tmp_path):
+    """No Temporal runs here: the refusal comes before any connection is made."""
+    result = _run_nowhere(tmp_path, "--samples")
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert lines[-1] == "nothing submitted (2 problems)"
-    assert any("--attempts must be at least 1" in line for line in lines)
+    assert any("--samples must be at least 1" in line for line in lines)
     assert "Traceback" not in result.output
 
 
@@ -86,22 +91,22 @@ def test_a_model_driven_scaffold_needs_a_model_in_process(tmp_path, tiny_model_d
     task = [EXAMPLES / "create-file"]
     store = lambda: LocalStore(tmp_path / "store")  # noqa: E731
     no_dir = check_run(
-        task, "claude-code", attempts=1, store=store, model=InProcessModel(None, ["http://x:8000"])
+        task, "claude-code", samples=1, store=store, model=InProcessModel(None, ["http://x:8000"])
     )
     assert len(no_dir) == 1 and "--model-dir DIR" in no_dir[0]
     no_replica = check_run(
-        task, "claude-code", attempts=1, store=store, model=InProcessModel(tiny_model_dir, [])
+        task, "claude-code", samples=1, store=store, model=InProcessModel(tiny_model_dir, [])
     )
     assert len(no_replica) == 1 and "--replica URL" in no_replica[0]
     not_a_model = check_run(
-        task, "codex", attempts=1, store=store, model=InProcessModel(tmp_path, ["http://x"])
+        task, "codex", samples=1, store=store, model=InProcessModel(tmp_path, ["http://x"])
     )
     assert "not a model directory" in not_a_model[0]
     ready = InProcessModel(tiny_model_dir, ["http://x:8000"])
-    assert check_run(task, "claude-code", attempts=1, store=store, model=ready) == []
+    assert check_run(task, "claude-code", samples=1, store=store, model=ready) == []
     # model-free scaffolds and external workers (their own settings decide) are not asked
-    assert check_run(task, "oracle", attempts=1, store=store, model=InProcessModel(None, [])) == []
-    assert check_run(task, "claude-code", attempts=1, store=store, model=None) == []
+    assert check_run(task, "oracle", samples=1, store=store, model=InProcessModel(None, [])) == []
+    assert check_run(task, "claude-code", samples=1, store=store, model=None) == []
 
 
 def test_cli_run_claude_code_without_model_dir_is_refused(tmp_path):
@@ -113,3 +118,14 @@ def test_cli_run_claude_code_without_model_dir_is_refused(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 2, result.output
     assert "--model-dir DIR" in result.output and "Traceback" not in result.output
+
+
+def test_cli_run_attempts_is_a_deprecated_name_of_samples(tmp_path):
+    """`--attempts` meant samples per task (not a trial's attempts): it still works, warns, and
+    is hidden from `run --help`, which shows `--samples`."""
+    result = _run_nowhere(tmp_path, "--attempts")
+    assert result.exit_code == 2
+    assert "--attempts is deprecated: use --samples" in result.output
+    assert "--samples must be at least 1 (got 0)" in " ".join(result.output.split())
+    help_text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "--samples" in help_text and "--attempts" not in help_text

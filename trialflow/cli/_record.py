@@ -55,7 +55,7 @@ async def _replay(settings: TrialflowSettings, trial_id: str, attempt: int | Non
         )
         return 1
     console.print(
-        f"replaying {trial_id} attempt {record.attempt} ({loaded.source} trajectory, "
+        f"re-running {trial_id} attempt {record.attempt} against its record ({loaded.source} trajectory, "
         f"{loaded.trajectory.counters.turns} turns) without a replica"
     )
     use_vocabulary(settings.harmony_vocab_dir)  # gpt-oss's harmony parser, before the server makes it

@@ -112,7 +112,10 @@ def run(
             "(repeatable), e.g. max_turns=20",
         ),
     ] = None,
-    attempts: Annotated[int, typer.Option(help="trials (samples) per task")] = 1,
+    samples: Annotated[int, typer.Option(help="trials per task (samples of the same task)")] = 1,
+    attempts: Annotated[
+        int | None, typer.Option(hidden=True, help="deprecated: the old name of --samples")
+    ] = None,
     backend: Annotated[str, typer.Option(help="sandbox backend")] = "docker",
     batch_id: Annotated[str | None, typer.Option(help="reuse to attach to an earlier batch")] = None,
     max_restarts: Annotated[int, typer.Option(help="new-sandbox attempts per trial")] = 3,
@@ -124,7 +127,11 @@ def run(
     replicas: ReplicaOpt = None,
     model_dir: ModelDirOpt = None,
 ) -> None:
-    """Run every task ATTEMPTS times with SCAFFOLD, as one batch of Temporal workflows."""
+    """Run SAMPLES trials of every task with SCAFFOLD, as one batch of Temporal workflows
+    (each trial gets up to MAX_RESTARTS new-sandbox attempts)."""
+    if attempts is not None:  # --attempts meant samples, not a trial's attempts
+        console.print("[yellow]warning:[/] --attempts is deprecated: use --samples", highlight=False)
+        samples = attempts
     if backend != "docker":
         raise typer.BadParameter("only the docker backend exists", param_hint="--backend")
     settings = settings_from_flags(
@@ -145,7 +152,7 @@ def run(
     problems = check_run(
         task_dirs,
         scaffold,
-        attempts=attempts,
+        samples=samples,
         scaffold_options=options,
         store=lambda: open_store(settings),
         model=None if external_worker else InProcessModel(settings.model_dir, settings.replica_urls),
@@ -160,7 +167,7 @@ def run(
             batch_id,
             task_dirs,
             scaffold,
-            samples=attempts,
+            samples=samples,
             attempt_limit=max_restarts,
             agent_timeout_s=agent_timeout,
             model=settings.model_name,
@@ -195,13 +202,16 @@ def status(batch_id: str, temporal: TemporalOpt = None) -> None:
 
 def replay(
     target: Annotated[str, typer.Argument(help="a batch id (--failed) or a trial id (--from-record)")],
-    failed: Annotated[bool, typer.Option("--failed", help="re-run the batch's failed trials")] = False,
+    failed: Annotated[
+        bool,
+        typer.Option("--failed", help="rerun the batch's failed trials as new trials (ids -r1, -r2, ...)"),
+    ] = False,
     from_record: Annotated[
         bool,
         typer.Option(
             "--from-record",
-            help="re-run the trial's scaffold against its recorded model outputs, no replica; "
-            "report where the environment or scaffold diverged",
+            help="re-run the trial's scaffold against its record (the proxy answers from the "
+            "recorded model outputs, no replica); report where the environment or scaffold diverged",
         ),
     ] = False,
     attempt: Annotated[
@@ -217,8 +227,9 @@ def replay(
     replicas: ReplicaOpt = None,
     model_dir: ModelDirOpt = None,
 ) -> None:
-    """Re-run a batch's failed trials with the same inputs (new ids, linked to the originals),
-    or (--from-record) one trial's scaffold against its record, without a model."""
+    """Rerun a batch's failed trials with the same inputs (--failed: new trials, ids -r1, -r2, ...,
+    linked to the originals), or re-run one trial's scaffold against its record, without a model
+    (--from-record). Neither is the resume of a lost attempt, which the workflow does itself."""
     if failed == from_record:
         raise typer.BadParameter("give exactly one of --failed (a batch) or --from-record (a trial)")
     settings = settings_from_flags(
@@ -236,12 +247,12 @@ def replay(
     async def go() -> list[TrialResult] | None:
         client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
         if not await batch.list_trials(client, target):
-            return None  # no such batch: not the same as a batch with nothing to replay
+            return None  # no such batch: not the same as a batch with nothing to rerun
         specs = await batch.replay_failed(client, target)
-        console.print(f"replaying {len(specs)} failed trial(s) of batch {target}")
+        console.print(f"rerunning {len(specs)} failed trial(s) of batch {target}")
         if not specs:
             return []
-        return await run_specs(settings, specs, external_worker=external_worker, title="replay")
+        return await run_specs(settings, specs, external_worker=external_worker, title="rerun")
 
     results = asyncio.run(go())
     if results is None:
@@ -250,5 +261,5 @@ def replay(
         )
         raise typer.Exit(1)
     if results:
-        console.print(results_table(results, title=f"replays of batch {target}"))
+        console.print(results_table(results, title=f"reruns of batch {target}"))
     raise typer.Exit(1 if any(r.failed for r in results) else 0)

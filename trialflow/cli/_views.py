@@ -71,7 +71,7 @@ def status_table(trials: Sequence[TrialStatus], title: str) -> Table:
     """A batch's trials as Temporal visibility lists them (no result fetch)."""
     table = Table(title=title)
     table.add_column("workflow", overflow="fold")
-    for column in ("status", "task", "reward", "termination", "replay of"):
+    for column in ("status", "task", "reward", "termination", "rerun of"):
         table.add_column(column, overflow="fold")
     for t in trials:
         reward = "" if t.reward is None else f"{t.reward:.3f}"
