@@ -144,7 +144,7 @@ async def _after_an_outage(dbl: ScriptedVLLM, request, seconds: float = 1.5):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-@pytest.mark.parametrize("protocol", ["anthropic", "openai"])
+@pytest.mark.parametrize("protocol", ["anthropic", "openai", "responses"])
 async def test_an_outage_during_a_turn_is_held_and_the_sdk_sees_only_the_answer(tok, protocol, stream):
     """The replica is down when the turn arrives and back 1.5 s later: the proxy holds the
     turn (streams get keep-alive pings every 0.2 s), the official SDK gets the model's
@@ -159,6 +159,16 @@ async def test_an_outage_during_a_turn_is_held_and_the_sdk_sees_only_the_answer(
                 async def ask():
                     m = await ask_anthropic(client, msgs, stream=stream, model="m", max_tokens=50)
                     return m.content[0].text
+            elif protocol == "responses":  # Codex's API
+                client = openai.AsyncOpenAI(base_url=h.openai_base_url, api_key="k", max_retries=0)
+
+                async def ask():
+                    if not stream:
+                        return (
+                            await client.responses.create(model="m", input=msgs[0]["content"])
+                        ).output_text
+                    async with client.responses.stream(model="m", input=msgs[0]["content"]) as s:
+                        return (await s.get_final_response()).output_text
             else:
                 client = openai.AsyncOpenAI(base_url=h.openai_base_url, api_key="k", max_retries=0)
 
@@ -176,7 +186,7 @@ async def test_an_outage_during_a_turn_is_held_and_the_sdk_sees_only_the_answer(
             await client.close()
 
 
-@pytest.mark.parametrize("protocol", ["anthropic", "openai"])
+@pytest.mark.parametrize("protocol", ["anthropic", "openai", "responses"])
 async def test_a_held_stream_carries_protocol_keepalives_then_the_answer(tok, protocol):
     """What the SDKs above tolerated, on the wire: Anthropic ``event: ping`` events, OpenAI
     SSE comment lines, every keepalive_s while the turn is held, then the normal events."""
@@ -189,14 +199,15 @@ async def test_a_held_stream_carries_protocol_keepalives_then_the_answer(tok, pr
                     f"{h.anthropic_base_url}/v1/messages",
                     {"model": "m", "max_tokens": 20, "stream": True},
                 )
+            elif protocol == "responses":
+                url, body = f"{h.openai_base_url}/responses", {"model": "m", "stream": True, "input": "hi"}
             else:
                 url, body = f"{h.openai_base_url}/chat/completions", {"model": "m", "stream": True}
+            if protocol != "responses":
+                body["messages"] = msgs
 
             async def raw():
-                async with (
-                    aiohttp.ClientSession() as http,
-                    http.post(url, json={**body, "messages": msgs}) as r,
-                ):
+                async with aiohttp.ClientSession() as http, http.post(url, json=body) as r:
                     return r.status, await r.text()
 
             (status, text), _ = await _after_an_outage(dbl, raw)
@@ -204,6 +215,9 @@ async def test_a_held_stream_carries_protocol_keepalives_then_the_answer(tok, pr
     if protocol == "anthropic":
         assert text.count("event: ping\n") >= 5
         assert "event: message_stop" in text and "back" in text
+    elif protocol == "responses":
+        assert text.count(": keep-alive\n\n") >= 5
+        assert "event: response.completed" in text and "back" in text
     else:
         assert text.count(": keep-alive\n\n") >= 5
         assert text.rstrip().endswith("data: [DONE]") and "back" in text
