@@ -2,7 +2,7 @@
 
 Wiring only: settings from flags and ``TRIALFLOW_*`` environment variables and the event
 loop; the process itself (Temporal workers, in-process proxy, Docker backend, the drain on
-SIGTERM/SIGINT) is `trialflow.worker.WorkerProcess`, run by `trialflow.worker.serve`. One flag per
+SIGTERM/SIGINT) is `trialflow.cli._worker.WorkerProcess`, run by `trialflow.cli._worker.serve`. One flag per
 `TrialflowSettings` field (``--temporal-address``, ``--replica-urls URL`` repeatable, ...);
 flags override ``TRIALFLOW_*`` environment variables.
 """
@@ -16,8 +16,8 @@ import typing
 from collections.abc import Sequence
 
 from proxy import eventloop
+from trialflow.cli._worker import serve
 from trialflow.settings import TrialflowSettings, load_settings
-from trialflow.worker import serve
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrialflowSettings:

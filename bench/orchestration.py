@@ -7,7 +7,7 @@ so the trial is pure orchestration + sandbox + verifier):
   -> ``stop``, called in this process with no Temporal at all;
 - ``temporal``: ``trialflow.batch.run`` of one ``TrialSpec`` on a Temporal dev server
   (started here on free ports, SQLite state in a temp dir) with an in-process worker built
-  by ``trialflow.worker.WorkerProcess`` (store: ``LocalStore`` in a temp dir, no model replicas); timed
+  by ``trialflow.cli._worker.WorkerProcess`` (store: ``LocalStore`` in a temp dir, no model replicas); timed
   from submit to the result in hand, so it includes workflow/activity task dispatch, the
   result store and log uploads the workflow does.
 
@@ -50,8 +50,8 @@ async def temporal_worker(
     Yields ``(client, settings, worker_process)``."""
     from infra.services import start_temporal
     from trialflow import batch
+    from trialflow.cli._worker import WorkerProcess
     from trialflow.settings import load_settings
-    from trialflow.worker import WorkerProcess
 
     service = None
     if address is None:

@@ -1,6 +1,6 @@
 """Trials per minute and peak memory at N concurrent ``oracle`` trials on one host.
 
-For each concurrency N in ``--concurrency``: a worker (``trialflow.worker.WorkerProcess``, in this
+For each concurrency N in ``--concurrency``: a worker (``trialflow.cli._worker.WorkerProcess``, in this
 process, ``max_concurrent_trials=N``) on a Temporal dev server started here, and N trials
 of ``--task`` (default ``create-file``) with the ``oracle`` scaffold (runs the task's
 ``solution/solve.sh``) submitted at once through ``trialflow.batch.run``. Each level uses

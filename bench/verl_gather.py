@@ -90,12 +90,12 @@ async def gather_bench(args: argparse.Namespace) -> dict:
     import docker
 
     from trialflow import batch
+    from trialflow.cli._worker import WorkerProcess
     from trialflow.sandbox.base_image import ensure_base_image
     from trialflow.settings import load_settings
     from trialflow.storage import open_store
     from trialflow.verl.convert import ConvertConfig, convert_trial
     from trialflow.verl.step_batch import run_step
-    from trialflow.worker import WorkerProcess
 
     ensure_base_image(docker.from_env())
     suffix = uuid.uuid4().hex[:8]

@@ -4,7 +4,7 @@ Loaded for every test by ``pytest_plugins`` in tests/conftest.py; a module that 
 defines its own module-scoped ``settings`` fixture (a ``TrialflowSettings`` with its own task
 queue, S3 prefix and worker id: ``worker_settings`` builds one).
 
-The worker stack (temporalio, docker, trialflow.worker) is imported inside the fixtures and
+The worker stack (temporalio, docker, trialflow.cli._worker) is imported inside the fixtures and
 helpers that use it, never at import: every pytest run loads this module, and a run of the
 proxy tests alone must not pay for (or depend on) the worker's imports
 (tests/test_conftest_imports.py checks that).
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from trialflow.cli._worker import WorkerProcess
     from trialflow.settings import TrialflowSettings
-    from trialflow.worker import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ async def client(settings):
 
 @pytest.fixture(scope="module")
 async def worker(settings, client) -> AsyncIterator[WorkerProcess]:
-    from trialflow.worker import WorkerProcess
+    from trialflow.cli._worker import WorkerProcess
 
     async with WorkerProcess(settings, client) as process:
         yield process

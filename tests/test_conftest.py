@@ -71,7 +71,7 @@ def test_a_proxy_only_run_imports_no_worker_stack():
     probe = (
         "import sys, pytest\n"
         "rc = pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests/proxy'])\n"
-        "heavy = ('temporalio', 'docker', 'trialflow.worker', 'trialflow.batch', 'activities', 'workflows.trial')\n"
+        "heavy = ('temporalio', 'docker', 'trialflow.cli._worker', 'trialflow.batch', 'activities', 'workflows.trial')\n"
         "print('LOADED', [m for m in heavy if m in sys.modules])\n"
         "sys.exit(rc)\n"
     )

@@ -97,7 +97,7 @@ class TrialflowSettings(BaseSettings):
 
     # Listeners served into a sandbox (docs/design.md, "Listener limits"): connections each
     # of a sandbox's listeners (egress proxy, proxy session) holds at most, further bounded
-    # by the worker's fair share of its file descriptors (trialflow.worker.connection_cap);
+    # by the worker's fair share of its file descriptors (trialflow.cli._worker.connection_cap);
     # a tunnel idle this long is closed; a session's requests in flight and their body bytes.
     sandbox_max_connections: int = Field(default=64, gt=0)
     egress_idle_timeout_s: float = Field(default=120.0, gt=0)

@@ -28,6 +28,7 @@ from proxy.trajectory import Trajectory
 from tests._worker_fixtures import worker_settings
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
 from trialflow import batch
+from trialflow.cli._worker import WorkerProcess
 from trialflow.scaffolds import (
     Scaffold,
     ScaffoldContext,
@@ -35,7 +36,6 @@ from trialflow.scaffolds import (
     register_scaffold,
 )
 from trialflow.storage import TrialKeys, open_store
-from trialflow.worker import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = REPO / "examples" / "tasks" / "create-file"

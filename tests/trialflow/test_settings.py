@@ -28,7 +28,7 @@ def test_harmony_vocab_dir_sources_strongest_first(monkeypatch: pytest.MonkeyPat
 
 
 def _open_proxy_in_clean_process(model_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """`trialflow.worker.open_proxy` in a fresh interpreter whose environment names no vocabulary
+    """`trialflow.cli._worker.open_proxy` in a fresh interpreter whose environment names no vocabulary
     (harmony reads its variable once per process, so this cannot run in the test's own)."""
     clean = {
         k: v
@@ -36,7 +36,7 @@ def _open_proxy_in_clean_process(model_dir: Path, **env: str) -> subprocess.Comp
         if k not in ("TIKTOKEN_ENCODINGS_BASE", "TRIALFLOW_HARMONY_VOCAB_DIR")
     }
     code = (
-        "import sys; from trialflow.settings import load_settings; from trialflow.worker import open_proxy; "
+        "import sys; from trialflow.settings import load_settings; from trialflow.cli._worker import open_proxy; "
         "proxy = open_proxy(load_settings(model_dir=sys.argv[1])); print(proxy.profile.tool_parser)"
     )
     return subprocess.run(

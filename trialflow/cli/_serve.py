@@ -32,7 +32,7 @@ def worker(
 ) -> None:
     """Run a worker until SIGTERM/SIGINT (then drain)."""
     from proxy import eventloop
-    from trialflow.worker import serve
+    from trialflow.cli._worker import serve
 
     settings = settings_from_flags(
         temporal=temporal,
@@ -85,8 +85,8 @@ def proxy(
     from proxy import eventloop
     from proxy.parsers import use_vocabulary
     from proxy.server import ProxyServer
+    from trialflow.cli._worker import replica_pools
     from trialflow.settings import load_settings
-    from trialflow.worker import replica_pools
 
     settings = load_settings()
     use_vocabulary(settings.harmony_vocab_dir)

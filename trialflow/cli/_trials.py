@@ -41,7 +41,7 @@ async def in_process_worker(
     if not enabled:
         yield
         return
-    from trialflow.worker import WorkerProcess  # Temporal workers, proxy, Docker: only when asked
+    from trialflow.cli._worker import WorkerProcess  # Temporal workers, proxy, Docker: only when asked
 
     async with WorkerProcess(settings, client):
         yield

@@ -15,6 +15,10 @@ run to their teardown, within `drain_grace_s` in all; then the workers stop (run
 activities are cancelled after the grace) and the proxy and backend close. A worker that
 dies inside the block ends `wait()` and is raised on exit. Used by `worker_main.py`, the CLI's
 in-process worker and the tests.
+
+It imports the activities and the workflow, so it belongs to the entry layer (with the CLI and
+`worker_main.py`), not to the domain package it was once in as `trialflow.worker`
+(tests/test_import_direction.py).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("trialflow.worker")
 
 REAP_INTERVAL_S = 600.0
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def open_proxy(settings: TrialflowSettings) -> ProxyServer | None:
