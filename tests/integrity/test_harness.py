@@ -100,6 +100,25 @@ async def test_the_keepalive_takeover_beats_stop_processes_but_not_the_restart(
     assert "FAIL" in honest.stdout
 
 
+async def test_a_planted_preload_reaches_dynamic_binaries_not_the_static_toolchain(
+    tmp_path, sandbox_for, evil_so
+):
+    task_dir = _attack_task(tmp_path, "ld_preload", evil_so)
+    sb = await sandbox_for(load_task(task_dir))
+    await _run_attack(sb, task_dir)
+    reward = "/logs/verifier/reward.txt"
+    assert (
+        await sb.exec([BUSYBOX, "sh", "-c", f"{BUSYBOX} mkdir -p /logs/verifier && echo 0 > {reward}"])
+    ).ok
+    assert (await sb.exec([BUSYBOX, "true"])).ok
+    assert (await sb.exec([BUSYBOX, "cat", reward])).stdout == "0\n"  # static: the preload never ran
+    assert (await sb.exec(["/bin/true"])).ok
+    assert (await sb.exec([BUSYBOX, "cat", reward])).stdout == "1\n"  # dynamic: its destructor ran
+    # run_verifier removes the file before test.sh (its bash is dynamic): the honest 0.
+    verdict = await run_verifier(sb, load_task(task_dir))
+    assert (verdict.reward_valid, verdict.reward) == (True, 0.0), verdict
+
+
 @pytest.fixture(scope="module")
 def settings(temporal_address, s3_endpoint, docker_client) -> TrialflowSettings:
     return worker_settings("harness", temporal_address, s3_endpoint, docker_client, max_concurrent_trials=3)
