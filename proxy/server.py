@@ -9,8 +9,10 @@ generated when not given: ``ProxyServer.management_token``). ``GET /sessions/{id
 the same operations in-process and sandboxes reach neither listener (docs/design.md,
 "Sandbox network")::
 
-    POST /sessions               {model?, sampling?: {...}, max_context_tokens?, replicas?: [url],
+    POST /sessions               {model?, sampling?: {...}, max_context_tokens?, max_response_tokens?,
+                                  overlong_ends_session?, infra_ends_session?, replicas?: [url],
                                   metadata?: {...}, reasoning_parser?, tool_parser?, id_seed?}
+                                 (the fields of proxy.session.SessionConfig.with_overrides)
                                  -> {session_id, secret, anthropic_base_url, openai_base_url}
     GET  /sessions/{id}          -> live stats
     POST /sessions/{id}/close    -> trajectory npz bytes (``?format=json``: JSON summary)
