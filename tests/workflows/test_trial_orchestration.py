@@ -23,6 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
 
+from tests._wait import wait_until
 from trialflow import batch
 from workflows.shared import (
     PrepareStepInput,
@@ -381,10 +382,7 @@ async def test_cancel_tears_down_and_completes_cancelled(client, harness):
     fake.scaffold_delay_s = 30
     spec = _spec()
     [handle] = await batch.submit(client, [spec], task_queue=shared)
-    for _ in range(100):
-        if any(c[0] == "scaffold" for c in fake.calls):
-            break
-        await asyncio.sleep(0.1)
+    await wait_until(lambda: any(c[0] == "scaffold" for c in fake.calls), what="the scaffold phase")
     progress = await handle.query(TrialWorkflow.progress)
     assert progress.phase == "scaffold" and progress.attempt == 1
     await handle.cancel()
@@ -457,10 +455,7 @@ async def test_each_path_records_a_history_that_replays(client, harness, name):
     spec = _spec(**arrange(fake))
     [handle] = await batch.submit(client, [spec], task_queue=shared)
     if name == "cancelled":
-        for _ in range(100):
-            if any(c[0] == "scaffold" for c in fake.calls):
-                break
-            await asyncio.sleep(0.1)
+        await wait_until(lambda: any(c[0] == "scaffold" for c in fake.calls), what="the scaffold phase")
         await handle.cancel()
     result = await batch.wait_one(handle, spec)
     assert result.termination_reason == termination
