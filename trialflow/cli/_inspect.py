@@ -40,7 +40,9 @@ def _settings_for(batch_id: str | None, **flags) -> TrialflowSettings:
     if recorded is None or flags.get("s3") or flags.get("store_dir"):
         return settings_from_flags(**flags)
     flags = {k: v for k, v in flags.items() if k not in ("s3", "store_dir")}
-    where = {"s3": recorded.get("s3_endpoint"), "store_dir": recorded.get("store_dir")}
+    # one store: the recorded S3 endpoint, else the recorded directory (a record keeps both fields)
+    s3 = recorded.get("s3_endpoint")
+    where = {"s3": s3, "store_dir": None if s3 else recorded.get("store_dir")}
     where.update({k: recorded[k] for k in ("s3_bucket", "s3_prefix") if recorded.get(k) is not None})
     return settings_from_flags(**flags, **where)
 
