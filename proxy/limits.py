@@ -15,6 +15,12 @@ connections its listener holds.
   would cost the descriptor for as long as the client takes), so the protocol is unknown:
   the body carries both shapes' fields (``{"type": "error", "error": {"type", "message",
   "code"}}`` reads as Anthropic's and as OpenAI's error object).
+- `serve_paused(sock, factory, max_connections)`: the other way to cap a listener: at the
+  cap it stops accepting, so further connections wait in the kernel's backlog (no
+  descriptor, no event-loop work) until one closes. Used where the client's own timeout is
+  the clear error (the egress proxy: pip and npm report a connect timeout): a flooder
+  then costs the worker nothing per attempt, where refusing costs an accept, a write and a
+  close each on the shared event loop (docs/benchmarks.md, "Listener floods").
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -137,3 +144,30 @@ def capped(factory: Callable[[], asyncio.Protocol], max_connections: int) -> Cal
         return _Counted(factory(), done)
 
     return make
+
+
+async def serve_paused(
+    sock: socket.socket, factory: Callable[[], asyncio.Protocol], max_connections: int
+) -> asyncio.Task[None]:
+    """Serve the listening `sock` with `factory`, holding at most `max_connections`
+    connections (module docstring). Returns the accept loop's task: cancel it to stop
+    accepting (open connections stay with their protocols); the caller closes `sock`."""
+    loop = asyncio.get_running_loop()
+    slots = asyncio.Semaphore(max_connections)
+
+    async def accept() -> None:
+        while True:
+            await slots.acquire()
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except BaseException:
+                slots.release()
+                raise
+            conn.setblocking(False)
+            try:
+                await loop.connect_accepted_socket(lambda: _Counted(factory(), slots.release), conn)
+            except OSError:  # the client went away before it was served
+                conn.close()
+                slots.release()
+
+    return asyncio.create_task(accept(), name=f"accept-{sock.getsockname()}")

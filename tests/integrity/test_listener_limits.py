@@ -3,9 +3,11 @@ REAL sandboxes: the egress proxy (allowlist mode) and the proxy session listener
 
 Before: two processes in one sandbox held 21,000 egress connections (the worker ran out of
 file descriptors; a bystander trial took 44 s instead of 9), and 60 queued 7.4 MiB bodies
-took the proxy from 435 MB to 1.4 GB. Asserted now: the flooder gets clear refusals (503 for
-a connection over the cap, 429 in the protocol's error shape for a request over the
-session's limits, never a 500); silent connections are closed by the header timeout; the
+took the proxy from 435 MB to 1.4 GB. Asserted now: the egress proxy holds at most its cap
+(past it, accepting pauses: the rest wait in the kernel's backlog); the session listener
+answers clear refusals (503 for a connection over its cap, 429 in the protocol's error
+shape for a request over the session's limits, never a 500); silent connections are closed
+by the header timeout; the
 worker's descriptors and memory stay bounded; a bystander sandbox's requests keep their
 latency (p50 as a ratio to an idle run in the same test, loose bound for a loaded 2-core
 machine); nothing is left open afterwards.
@@ -21,6 +23,7 @@ import statistics
 
 import pytest
 
+from tests.integrity._floods import BODY_FLOOD, CHAT_PROBE, FLOOD, PROBE
 from tests.integrity._support import fd_count, peaks, text_service
 from tests.trialflow.conftest import EXAMPLES
 from trialflow.sandbox.egress import Egresses, EgressLimits
@@ -28,58 +31,6 @@ from trialflow.sandbox.network import NetworkPolicy
 from trialflow.tasks import load_task
 
 pytestmark = pytest.mark.docker
-
-# In the flooding sandbox: open connections to PORT for HOLD seconds as fast as possible,
-# keep every one the server accepts; "tunnel" sends a CONNECT, "silent" sends nothing.
-FLOOD = r"""
-import json, socket, sys, time
-kind, host, port, target, hold = sys.argv[1], "127.0.0.1", int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-kept, refused, errors, closed_by_server = [], 0, 0, 0
-end = time.monotonic() + hold
-while time.monotonic() < end and len(kept) + refused + errors < 20000:
-    try:
-        s = socket.create_connection((host, port), timeout=5)
-        if kind == "tunnel":
-            s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-            line = s.recv(64)
-            if b" 200 " in line:
-                kept.append(s)
-            else:
-                refused += 1; s.close()
-        else:
-            s.setblocking(False)
-            kept.append(s)
-    except OSError:
-        errors += 1
-if kind == "silent":
-    time.sleep(3)  # past the header timeout: each one refused or closed by the server by now
-    still_open = []
-    for s in kept:
-        try:
-            data = s.recv(64)
-            refused += data.startswith(b"HTTP/1.1 503")
-            closed_by_server += not data.startswith(b"HTTP/1.1 503")
-        except BlockingIOError:
-            still_open.append(s)
-        except OSError:
-            closed_by_server += 1
-    kept = still_open
-print(json.dumps({"kind": kind, "kept": len(kept), "refused": refused, "errors": errors,
-                  "closed_by_server": closed_by_server}))
-"""
-
-# In the bystander sandbox: N sequential requests through its egress proxy, each timed.
-PROBE = r"""
-import json, sys, time, urllib.request
-url, n = sys.argv[1], int(sys.argv[2])
-out = []
-for _ in range(n):
-    t = time.monotonic()
-    with urllib.request.urlopen(url, timeout=30) as r:
-        r.read()
-    out.append(time.monotonic() - t)
-print(json.dumps(out))
-"""
 
 
 async def _p50(sandbox, env, url: str, n: int = 30) -> float:
@@ -114,14 +65,14 @@ async def test_an_egress_flood_is_capped_and_the_neighbour_keeps_its_latency(san
             res = await flood
         stats = {s["kind"]: s for s in map(json.loads, res.stdout.splitlines())}
         assert set(stats) == {"tunnel", "silent"}, res
-        held = stats["tunnel"]["kept"] + stats["silent"]["kept"]
-        assert held <= cap and stats["tunnel"]["refused"] + stats["silent"]["refused"] > 100, stats
-        assert stats["silent"]["kept"] == 0 and stats["silent"]["closed_by_server"] > 0, (
-            stats
-        )  # header timeout
-        # Each held tunnel costs two descriptors (sandbox side, upstream side), a silent one one.
-        # (plus the accept batch: refused connections are closed on the next loop turn)
-        assert seen.fd_growth <= 2 * cap + cap + 16, seen
+        # Past the cap the egress proxy stops accepting: the rest wait in the kernel's backlog
+        # (and time out at the flooder) instead of costing the worker a refusal each.
+        assert stats["tunnel"]["kept"] <= cap and stats["tunnel"]["refused"] == 0, stats
+        assert stats["tunnel"]["errors"] > 0, stats  # connects or answers that timed out waiting
+        assert stats["silent"]["closed_by_server"] > 0, stats  # the header timeout frees slots
+        # A held tunnel costs the worker two descriptors (sandbox side, upstream side), here
+        # three (the upstream server runs in this process too); a silent connection one.
+        assert seen.fd_growth <= 3 * cap + 16, seen
         assert during <= 3 * idle + 0.01, (idle, during)
         print(
             f"egress flood: bystander p50 idle {idle * 1000:.2f} ms, during {during * 1000:.2f} ms; {stats}"
@@ -132,55 +83,6 @@ async def test_an_egress_flood_is_capped_and_the_neighbour_keeps_its_latency(san
         await upstream.cleanup()
     await asyncio.sleep(0.2)
     assert fd_count() <= baseline + 2, (baseline, fd_count())
-
-
-# In the flooding sandbox: rounds of CONCURRENT posts of a SIZE-byte Anthropic body to the
-# session listener at BASE, all at once, for SECONDS; each outcome is a status or the
-# connection error.
-BODY_FLOOD = r"""
-import collections, http.client, json, sys, threading, time
-base, concurrent, size, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-host, port = base.removeprefix("http://").split(":")
-text = "a " * (size // 2)
-body = json.dumps({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": text}]}).encode()
-outcomes, shapes, lock = collections.Counter(), set(), threading.Lock()
-start = threading.Barrier(concurrent)
-def post():
-    try:
-        conn = http.client.HTTPConnection(host, int(port), timeout=120)
-        start.wait()
-        conn.request("POST", "/v1/messages", body, {"content-type": "application/json", "anthropic-version": "2023-06-01"})
-        r = conn.getresponse()
-        answer = json.loads(r.read() or b"{}")
-        with lock:
-            outcomes[r.status] += 1
-            shapes.add((r.status, answer.get("type"), answer.get("error", {}).get("type")))
-    except OSError as e:
-        with lock:
-            outcomes[type(e).__name__] += 1
-end = time.monotonic() + seconds
-while time.monotonic() < end:
-    start.reset()
-    threads = [threading.Thread(target=post) for _ in range(concurrent)]
-    [t.start() for t in threads]; [t.join() for t in threads]
-print(json.dumps({"outcomes": outcomes, "shapes": sorted(map(list, shapes))}))
-"""
-
-CHAT_PROBE = r"""
-import http.client, json, sys, time
-base, n = sys.argv[1], int(sys.argv[2])
-host, port = base.removeprefix("http://").split(":")
-body = json.dumps({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
-out = []
-for _ in range(n):
-    t = time.monotonic()
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
-    r = conn.getresponse(); r.read(); conn.close()
-    assert r.status == 200, r.status
-    out.append(time.monotonic() - t)
-print(json.dumps(out))
-"""
 
 
 async def test_a_session_listener_flood_is_refused_in_the_protocol_shape(sandbox_for, tiny_model_dir):

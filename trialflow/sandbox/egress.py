@@ -14,7 +14,8 @@ trial's logs. The policy can change between phases (`set_policy`, e.g. the verif
 
 Limits (`EgressLimits`), so one sandbox cannot take the worker's file descriptors (each
 tunnel holds two: the sandbox's side and the upstream's): at most `max_connections`
-connections per sandbox (the one over is answered ``503`` and closed at once); a request
+connections per sandbox (past them accepting pauses: the next waits in the kernel's
+backlog until one closes; `proxy.limits.serve_paused`); a request
 head must arrive within `header_timeout_s`; a tunnel with no byte moving either way for
 `idle_timeout_s` is closed.
 """
@@ -30,7 +31,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from proxy.limits import capped
+from proxy.limits import serve_paused
 from trialflow.sandbox.base import Sandbox
 from trialflow.sandbox.network import Address, NetworkPolicy
 
@@ -111,7 +112,8 @@ class EgressProxy:
         self.connect_timeout_s = connect_timeout_s
         self.limits = limits or EgressLimits()
         self.log: list[EgressDecision] = []
-        self._server: asyncio.AbstractServer | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._sock: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
 
@@ -121,22 +123,26 @@ class EgressProxy:
     async def start(self, sock: socket.socket) -> str:
         """Serve on `sock` (a listener inside the sandbox); returns the proxy URL for the
         sandbox's HTTP(S)_PROXY."""
-        loop = asyncio.get_running_loop()
 
         def stream() -> asyncio.Protocol:  # what asyncio.start_server makes per connection
             return asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=MAX_HEAD), self._client)
 
-        # Over the cap a connection is answered 503 and closed as it is accepted (never
-        # queued as a task); the accept batch (backlog) bounds the descriptors in between.
-        cap = self.limits.max_connections
-        self._server = await loop.create_server(capped(stream, cap), sock=sock, backlog=min(128, max(8, cap)))
+        # At the cap, accepting pauses: a flood waits in the kernel's backlog, costing the
+        # worker neither descriptors nor event-loop time (proxy.limits.serve_paused).
+        self._sock = sock
+        self._accepting = await serve_paused(sock, stream, self.limits.max_connections)
         self.port = sock.getsockname()[1]
         return f"http://127.0.0.1:{self.port}"
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+            self._accepting = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
