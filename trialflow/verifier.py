@@ -20,8 +20,12 @@ agent worked in (`/bin/bash`, python and its site-packages, the C library test.s
 load): an agent that replaced them can still fool a verifier that runs in its sandbox; a
 task's separate verifier environment (`trialflow.separate_verifier`: `run_tests` in a fresh
 sandbox that gets only the artifacts) is the answer to that (docs/design.md, "Reward
-integrity"). A restart the engine refuses on what the agent left (`SandboxRestartFailed`)
-is the agent's outcome: reward 0, valid, the cause in stderr.
+integrity"). A restart the engine refuses on what the agent left (`SandboxRestartFailed`),
+and in the agent's sandbox a preparation the toolchain cannot finish there (/tests or
+/logs/verifier cannot be made fresh), are the agent's outcome: reward 0, valid, the cause in
+stderr (an invalid reward would be masked in training: a way out of a failing score). /tests
+and /logs/verifier are moved aside (one rename, however many files the agent put there),
+else emptied in place (a read-only root's volume mount points).
 
 Outcomes are data (`VerifierResult`), never exceptions:
 - exit code of test.sh is recorded but does not decide validity (tests commonly write
@@ -205,6 +209,14 @@ def _invalid(reason: str, res: ExecResult | None = None) -> VerifierResult:
     )
 
 
+def _agent_outcome(reason: str, res: ExecResult) -> VerifierResult:
+    """Reward 0, valid: the verification could not run on what the agent left (shared mode)."""
+    note = f"[trialflow: {reason}; the agent's outcome: reward 0]"
+    return VerifierResult(
+        {"reward": 0.0}, True, None, res.exit_code, res.timed_out, res.stdout, note, res.duration_s
+    )
+
+
 async def run_verifier(
     sandbox: Sandbox,
     task: Task,
@@ -254,14 +266,16 @@ async def run_tests(
     removed too."""
     cfg = task.config.verifier
     timeout = timeout_s if timeout_s is not None else cfg.timeout_sec
-    emptied = [VERIFIER_LOG_DIR] if bundled_tests else [TESTS_DIR, VERIFIER_LOG_DIR]
+    fresh = [VERIFIER_LOG_DIR] if bundled_tests else [TESTS_DIR, VERIFIER_LOG_DIR]
     b = BUSYBOX
-    # Emptied, not removed: with a read-only root /tests is a volume's mount point. A link or
-    # a file in a directory's place goes first (the toolchain's rm does not follow links).
+    # Moved aside (one rename, however many files the agent left there), else emptied in
+    # place (with a read-only root /tests is a volume's mount point, which cannot move); a
+    # link or a file in a directory's place goes (the toolchain's rm does not follow links).
     script = " && ".join(
-        f"{{ if [ -L {d} ] || {{ [ -e {d} ] && [ ! -d {d} ]; }}; then {b} rm -f {d}; fi; }} && "
-        f"{b} mkdir -p {d} && {b} find {d} -mindepth 1 -maxdepth 1 -exec {b} rm -rf {{}} +"
-        for d in emptied
+        f"{{ if [ -L {d} ] || [ -e {d} ]; then {b} mv {d} {d}.trialflow-old.$$ 2>/dev/null || "
+        f"{{ {{ if [ -L {d} ] || [ ! -d {d} ]; then {b} rm -f {d}; fi; }} && "
+        f"{b} find {d} -mindepth 1 -maxdepth 1 -exec {b} rm -rf {{}} +; }}; fi; }} && {b} mkdir -p {d}"
+        for d in fresh
     )
     if agent_sandbox:  # planted for test.sh's interpreters (a static toolchain ignores it)
         script += f" && {b} rm -rf {LD_SO_PRELOAD}"
@@ -270,13 +284,16 @@ async def run_tests(
         user="0",
         timeout_s=60,
     )
+    # In the agent's sandbox only what the agent left can make the trusted toolchain fail
+    # here: its outcome (reward 0), not an invalid reward it could aim for.
+    failed = _agent_outcome if agent_sandbox else _invalid
     if not prep.ok:
-        return _invalid(f"could not prepare {VERIFIER_LOG_DIR}: {prep.stderr.strip()}", prep)
+        return failed(f"could not prepare {VERIFIER_LOG_DIR}: {prep.stderr.strip()}", prep)
     with tempfile.TemporaryDirectory(prefix="tf-verifier-") as scratch:
         # Checked from outside, as a second line behind the toolchain's rm.
         before = Path(scratch) / "before"
         if not await _fetch_verifier_dir(sandbox, before) or any(before.iterdir()):
-            return _invalid(f"{VERIFIER_LOG_DIR} could not be cleared before the verifier ran", prep)
+            return failed(f"{VERIFIER_LOG_DIR} could not be cleared before the verifier ran", prep)
         if bundled_tests:
             # A fresh verifier sandbox no agent touched; the toolchain's chmod all the same
             # (Harbor runs `chmod +x` there too).

@@ -45,6 +45,7 @@ EXPECTED = {
     "symlinks": 0.0,
     "break_restart": 0.0,
     "toolchain_tamper": 0.0,
+    "clutter": 0.0,
 }
 
 pytestmark = [pytest.mark.docker]
