@@ -6,7 +6,8 @@ Asserted per attack: the honest reward (0; 1 where the work was done), a valid r
 `infra_error`, verifier_trust "harness", and what the verifier saw (no process of the agent's,
 no unsafe variable, no /etc/ld.so.preload). First, the keep-alive takeover is shown to beat the
 old verification (stop_processes, which spared the keep-alive) in the same engine: the attack
-is real, the restart is what stops it.
+is real, the restart is what stops it. And the limit shared mode keeps: a replaced /bin/bash
+(test.sh's own interpreter) still fools it, while a separate verifier environment is not fooled.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from tests._worker_fixtures import worker_settings
 from trialflow import batch
 from trialflow.sandbox.toolchain import BUSYBOX
+from trialflow.separate_verifier import verify_separately
 from trialflow.settings import TrialflowSettings
 from trialflow.storage import TrialKeys, open_store
 from trialflow.tasks import load_task
@@ -118,6 +120,30 @@ async def test_a_planted_preload_reaches_dynamic_binaries_not_the_static_toolcha
     # run_verifier removes the file before test.sh (its bash is dynamic): the honest 0.
     verdict = await run_verifier(sb, load_task(task_dir))
     assert (verdict.reward_valid, verdict.reward) == (True, 0.0), verdict
+
+
+async def test_a_replaced_interpreter_fools_shared_mode_and_not_a_separate_verifier(
+    tmp_path, backend, sandbox_for, evil_so
+):
+    # The limit docs/design.md states: test.sh's own interpreter is the image's, the agent's.
+    task_dir = _attack_task(tmp_path, "replace_bash", evil_so)
+    shared = load_task(task_dir)
+    sb = await sandbox_for(shared)
+    await _run_attack(sb, task_dir)
+    fooled = await run_verifier(sb, shared)
+    assert (fooled.reward_valid, fooled.reward) == (True, 1.0), fooled
+    # The same attack against the task in separate mode: a fresh sandbox gets only the artifact.
+    toml = task_dir / "task.toml"
+    toml.write_text(
+        'artifacts = ["/app/hello.txt"]\n' + toml.read_text() + "\n[verifier.environment]\ncpus = 1\n"
+    )
+    separate = load_task(task_dir)
+    agent = await sandbox_for(separate)
+    await _run_attack(agent, task_dir)
+    done = await verify_separately(
+        backend, agent, separate, trial_id="replace-bash", artifacts_dir=tmp_path / "a"
+    )
+    assert (done.result.reward_valid, done.result.reward) == (True, 0.0), done.result
 
 
 @pytest.fixture(scope="module")
