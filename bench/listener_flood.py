@@ -65,7 +65,7 @@ async def _compare(probe, flood, settle_s: float = 1.0) -> dict:
     }
 
 
-async def main(requests: int, flood_s: float) -> dict:
+async def main(requests: int, flood_s: float, queued_bytes: int | None = None) -> dict:
     import docker
     from transformers import AutoTokenizer
 
@@ -90,9 +90,18 @@ async def main(requests: int, flood_s: float) -> dict:
     egresses = Egresses()
     tok = AutoTokenizer.from_pretrained(str(cached_tiny_model(REPO / ".cache")))
     double = await ScriptedVLLM(tokenizer=tok, model="tiny", default=Reply("ok")).start()
-    proxy = ProxyServer(tokenizer=tok, replicas=[double.url], defaults=SessionConfig(model="tiny"))
+    proxy = ProxyServer(
+        tokenizer=tok,
+        replicas=[double.url],
+        defaults=SessionConfig(model="tiny"),
+        **({"session_max_queued_bytes": queued_bytes} if queued_bytes else {}),
+    )
     await proxy.start()
-    out: dict = {"requests": requests, "egress_cap": egresses.limits.max_connections}
+    out: dict = {
+        "requests": requests,
+        "egress_cap": egresses.limits.max_connections,
+        "session_max_queued_bytes": proxy.session_max_queued_bytes,
+    }
     try:
         policy = NetworkPolicy("allowlist", ("127.0.0.2",))
         flood_env, env = [await egresses.env_for(sb, policy) for sb in sandboxes]
@@ -132,5 +141,10 @@ if __name__ == "__main__":
     ap.add_argument(
         "--flood-s", type=float, default=20.0, help="how long each flood runs (must outlast the probe)"
     )
+    ap.add_argument(
+        "--session-max-queued-bytes",
+        type=int,
+        help="the session's body bytes in flight (default: the proxy's)",
+    )
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(main(args.requests, args.flood_s)), indent=1))
+    print(json.dumps(asyncio.run(main(args.requests, args.flood_s, args.session_max_queued_bytes)), indent=1))

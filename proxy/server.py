@@ -54,7 +54,8 @@ expected; tests assert it does not happen).
 
 Limits per session (``proxy.limits``): at most ``session_max_requests`` requests in flight
 and ``session_max_queued_bytes`` of their bodies, taken before a body is read (else 429 in
-the protocol's shape, which the SDKs retry); a session-bound listener holds at most
+the protocol's shape, which the SDKs retry; a refused large body is left unread, its
+connection's reading paused until the lingering close); a session-bound listener holds at most
 ``session_max_connections`` connections (else 503 and closed). So one sandbox flooding its
 listener costs the proxy neither memory nor the worker's file descriptors, and the other
 sessions' turns go on.
@@ -515,6 +516,13 @@ class ProxyServer:
             with entry.gate.admit(min(declared, self.max_body_bytes)):
                 return await handler(request)
         except TooManyRequests as exc:
+            if declared >= self.large_body_bytes and request.transport is not None:
+                # Not read, not drained: aiohttp would read and discard the body on the event
+                # loop (a flood of 7.4 MiB bodies: ~1 GB/s of it, the other sessions' p90
+                # 100x), and closing at once lets the flooder resend at once. With reading
+                # paused its send blocks until aiohttp's lingering close (10 s), bounded by
+                # the listener's connection cap; the answer is written meanwhile.
+                request.transport.pause_reading()
             anthropic = "/v1/messages" in request.path or "anthropic-version" in request.headers
             return _error((anthropic_api if anthropic else openai_api).render_error(exc))
 
