@@ -121,3 +121,23 @@ async def test_verifier_output_and_reward_files_over_their_limits(sandbox_for, t
         await run_verifier(await sandbox_for(task), task, log_dir=tmp_path / "logs2")
     on_disk = sum(p.stat().st_blocks * 512 for p in (tmp_path / "logs2").rglob("*") if p.is_file())
     assert on_disk < 1 << 20 and _leftovers() <= before
+
+
+async def test_a_copy_without_an_allowance_of_its_own_gets_the_log_budget(sandbox_for, tmp_path):
+    """What the scaffolds copy back (an agent's stdout/stderr files, `_read_logs`) and any
+    other download: the backend's log limits; a sparse 1 GiB stdout is refused at its tar
+    header, with its path in the error, and leaves nothing on the host."""
+    from trialflow.errors import OutputBudgetExceeded
+    from trialflow.tasks import load_task
+
+    sb = await sandbox_for(load_task(BYSTANDER))
+    res = await sb.exec(
+        "mkdir -p /logs/agent && echo hi > /logs/agent/small.txt && truncate -s 1G /logs/agent/stdout.txt"
+    )
+    assert res.ok, res
+    got = await sb.download("/logs/agent/small.txt", tmp_path / "ok")
+    assert got.read_text() == "hi\n"
+    async with peaks(0.02) as seen:
+        with pytest.raises(OutputBudgetExceeded, match="/logs/agent/stdout.txt"):
+            await sb.download("/logs/agent/stdout.txt", tmp_path / "big")
+    assert not (tmp_path / "big" / "stdout.txt").exists() and seen.rss_growth_mib < 64, seen
