@@ -182,3 +182,46 @@ async def test_a_session_listener_over_its_connection_cap_answers_503(tiny_model
         for _, w in held:
             w.close()
         await srv.close_session(handle.session_id)
+
+
+async def test_an_idle_tunnel_is_closed_and_a_busy_one_is_not():
+    """The egress proxy's idle timeout counts bytes either way: a tunnel where only the
+    upstream talks stays open; one where nothing moves is closed (its two descriptors
+    freed). A real EgressProxy on a host listener (the sandbox side needs no engine here)."""
+    from trialflow.sandbox.egress import EgressProxy
+
+    async def ticker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = await reader.read(1)
+        while first == b"t":  # "t": the upstream talks every 0.1 s; anything else: silence
+            writer.write(b".")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        await reader.read()
+
+    upstream = await asyncio.start_server(ticker, "127.0.0.2", 0)
+    port = upstream.sockets[0].getsockname()[1]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.setblocking(False)
+    proxy = EgressProxy(
+        NetworkPolicy("allowlist", ("127.0.0.2",)), sandbox="host", limits=EgressLimits(idle_timeout_s=0.6)
+    )
+    url = await proxy.start(listener)
+    host, proxy_port = url.removeprefix("http://").split(":")
+    tunnels = {}
+    for kind in (b"t", b"s"):
+        reader, writer = await asyncio.open_connection(host, int(proxy_port))
+        writer.write(f"CONNECT 127.0.0.2:{port} HTTP/1.1\r\n\r\n".encode() + kind)
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        tunnels[kind] = (reader, writer)
+    try:
+        await asyncio.sleep(1.5)
+        busy, silent = tunnels[b"t"][0], tunnels[b"s"][0]
+        assert await asyncio.wait_for(silent.read(), 2) == b""  # closed by the proxy
+        assert len(await busy.read(5)) > 0 and not busy.at_eof()
+    finally:
+        for _, writer in tunnels.values():
+            writer.close()
+        await proxy.close()
+        upstream.close()
