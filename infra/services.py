@@ -296,22 +296,50 @@ def start_seaweedfs(
     fd = os.open(identities, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(creds.seaweedfs_config(), fh)
-    ports = {
-        "s3.port.grpc": free_port(), "master.port": free_port(), "master.port.grpc": free_port(),
-        "volume.port": free_port(), "volume.port.grpc": free_port(), "filer.port": free_port(),
-        "filer.port.grpc": free_port(),
-    }  # fmt: skip
     argv = [
         str(venv_binary("weed")), "server", f"-dir={data_dir}", f"-ip={HOST}", f"-ip.bind={HOST}",
         "-s3", f"-s3.port={s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-filer",
         "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=0",
         f"-s3.config={identities}",
     ]  # fmt: skip
-    argv += [f"-{flag}={value}" for flag, value in ports.items()]
-    proc = ManagedProcess(f"seaweedfs:{s3_port}", argv, data_dir / "weed.log", cwd=data_dir).start()
-    proc.wait_ready(lambda: s3_answers(endpoint, creds), ready_timeout_s)
-    # It ignores SIGTERM for 15 s+ and its writes are synced per request: kill it soon.
-    return Service("seaweedfs", endpoint, proc, stop_grace_s=3.0, credentials=creds)
+    log = data_dir / "weed.log"
+    for attempt in range(1, _WEED_PORT_TRIES + 1):
+        ports = {
+            "s3.port.grpc": free_port(), "master.port": free_port(), "master.port.grpc": free_port(),
+            "volume.port": free_port(), "volume.port.grpc": free_port(), "filer.port": free_port(),
+            "filer.port.grpc": free_port(),
+        }  # fmt: skip
+        offset = log.stat().st_size if log.exists() else 0
+        proc = ManagedProcess(
+            f"seaweedfs:{s3_port}",
+            argv + [f"-{flag}={value}" for flag, value in ports.items()],
+            log,
+            cwd=data_dir,
+        ).start()
+        try:
+            proc.wait_ready(lambda: s3_answers(endpoint, creds), ready_timeout_s)
+        except ServiceStartError:
+            # A port picked free can be taken before weed binds it (by an ephemeral outgoing
+            # connection, weed's own components' among them: seen on a loaded machine, the
+            # filer's gRPC port): pick every internal port again.
+            if attempt == _WEED_PORT_TRIES or not _lost_a_port_race(log, offset, s3_port):
+                raise
+            proc.stop(grace_s=3.0)
+            continue
+        # It ignores SIGTERM for 15 s+ and its writes are synced per request: kill it soon.
+        return Service("seaweedfs", endpoint, proc, stop_grace_s=3.0, credentials=creds)
+    raise AssertionError("unreachable")
+
+
+_WEED_PORT_TRIES = 3
+
+
+def _lost_a_port_race(log: Path, offset: int, s3_port: int) -> bool:
+    """This start's log says an internal port was taken (not the S3 port the caller chose)."""
+    with log.open("rb") as fh:
+        fh.seek(offset)
+        text = fh.read().decode("utf-8", "replace")
+    return "address already in use" in text and f":{s3_port}: bind" not in text
 
 
 # --- Docker engine ------------------------------------------------------------------

@@ -132,6 +132,39 @@ def test_seaweedfs_serves_s3_and_stops_despite_ignoring_sigterm(tmp_path: Path) 
 
 
 @pytest.mark.s3
+def test_seaweedfs_picks_its_ports_again_when_one_is_taken_before_it_binds(tmp_path, monkeypatch) -> None:
+    """The CI flake of 2026-12-03: the filer's gRPC port, picked free, was taken before weed
+    bound it ("bind: address already in use"), and `up` died. Here a port handed to the first
+    start is held open by this test; the start must succeed on fresh ports."""
+    import socket
+
+    import infra.services as services
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    picks = {"n": 0}
+    real_free_port = services.free_port
+
+    def free_port_with_a_race() -> int:
+        picks["n"] += 1
+        return taken if picks["n"] == 8 else real_free_port()  # the 7th internal port: filer.port.grpc
+
+    monkeypatch.setattr(services, "free_port", free_port_with_a_race)
+    try:
+        service = start_seaweedfs(tmp_path)
+    finally:
+        held.close()
+    try:
+        assert picks["n"] > 8  # a second round of ports was picked
+        assert "address already in use" in (tmp_path / "weed.log").read_text()
+        assert s3_answers(service.endpoint, service.credentials)
+    finally:
+        service.stop(grace_s=2)
+
+
+@pytest.mark.s3
 def test_seaweedfs_refuses_requests_without_its_keys(s3_endpoint) -> None:
     import boto3
     from botocore import UNSIGNED

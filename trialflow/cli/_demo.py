@@ -75,6 +75,7 @@ def up(
     state_dir: Annotated[Path | None, typer.Option(help="state and logs (default <repo>/.trialflow)")] = None,
 ) -> None:
     """Start the embedded infrastructure and keep it up until Ctrl-C or SIGTERM."""
+    from infra.process import ServiceError
     from infra.services import InfraPorts
 
     _stop_on_sigterm()
@@ -86,6 +87,9 @@ def up(
         asyncio.run(asyncio.Event().wait())
     except KeyboardInterrupt:
         pass
+    except ServiceError as err:  # a service that would not start: what and where its log is, no traceback
+        console.print(f"[red]error:[/] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     finally:
         if infra is not None:
             infra.stop()
