@@ -15,6 +15,9 @@ command -v tmux >/dev/null || need_apt+=(tmux)
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 # Builds the preload attack's library in tests/integrity/test_harness.py.
 command -v gcc >/dev/null || need_apt+=(gcc)
+# The real browser the viewer's and the Temporal UI's tests drive (selenium + chromedriver).
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[setup] apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -36,7 +39,7 @@ if ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
 fi
 
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-if ! .venv/bin/python -c "import verl, transfer_queue, trialflow, temporalio, openai_harmony, mypy" 2>/dev/null \
+if ! .venv/bin/python -c "import verl, transfer_queue, trialflow, temporalio, openai_harmony, mypy, selenium" 2>/dev/null \
     || [ ! -x .venv/bin/ruff ]; then
   echo "[setup] pip install trialflow (+verl, dev) into .venv ..."
   .venv/bin/pip install -q --upgrade pip setuptools wheel

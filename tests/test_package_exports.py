@@ -15,6 +15,7 @@ PACKAGES_WITH_SURFACE = [
     "trialflow.sandbox",
     "trialflow.scaffolds",
     "trialflow.families",
+    "trialflow.viewer",
     "trialflow.verl",
     "trialflow.cli",
     "infra",

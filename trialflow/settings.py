@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trialflow.viewer._urls import DEFAULT_TEMPORAL_UI_URL, DEFAULT_VIEWER_URL
+
 if TYPE_CHECKING:
     from trialflow.sandbox.policy import SandboxPolicy
     from trialflow.sandbox.transfer import TransferLimits
@@ -103,6 +105,12 @@ class TrialflowSettings(BaseSettings):
     egress_idle_timeout_s: float = Field(default=120.0, gt=0)
     session_max_requests: int = Field(default=8, gt=0)
     session_max_queued_bytes: int = Field(default=32 << 20, gt=0)
+
+    # The trajectory viewer (`trialflow view`, trialflow.viewer): the address it serves on,
+    # which the Temporal UI's trial details link to (trialflow.viewer.trial_url), and the
+    # Temporal UI's address its trial pages link back to.
+    viewer_url: str = DEFAULT_VIEWER_URL
+    temporal_ui_url: str = DEFAULT_TEMPORAL_UI_URL
 
     max_concurrent_trials: int = Field(default=4, gt=0)
     metrics_port: int = 0
