@@ -200,6 +200,9 @@ class Segment:
     routed_experts: np.ndarray | None = None
     policy_version_min: int | None = None
     policy_version_max: int | None = None
+    # Why it opened while its thread had one (SegmentHeader.cause); None: its thread's first,
+    # or a record written before segments kept it.
+    cause: SegmentCause | None = None
     # (turn index, first experts row that changed) per turn applied; lets deltas carry only
     # the rows that changed.
     experts_writes: list[tuple[int, int]] = field(default_factory=list, repr=False)
@@ -353,7 +356,13 @@ class Trajectory:
             if env_ids:
                 raise TrajectoryError("a new segment's turn has no environment delta")
             h = delta.new_segment
-            seg = Segment(kind=h.kind, rewritten=h.rewritten, system_key=h.system_key, prompt_ids=prompt_ids)
+            seg = Segment(
+                kind=h.kind,
+                rewritten=h.rewritten,
+                system_key=h.system_key,
+                prompt_ids=prompt_ids,
+                cause=h.cause,
+            )
             base = 0  # experts/extension checks below run against the fresh segment
         else:
             if not 0 <= rec.segment < len(self.segments):
@@ -480,6 +489,8 @@ class Trajectory:
                     "experts_writes": [[t, row] for t, row in seg.experts_writes if t >= mark.turns],
                 }
             )
+            if is_new and seg.cause is not None:  # left out when None: older payloads stay byte for byte
+                seg_meta[-1]["cause"] = seg.cause
         meta = {
             "format": FORMAT_VERSION,
             "session_id": self.session_id,
@@ -549,6 +560,7 @@ class Trajectory:
                 rewritten=sm["rewritten"],
                 system_key=sm["system_key"],
                 prompt_ids=_typed(IDS_CODE, arrays[f"s{i}.prompt_ids"]),
+                cause=sm.get("cause"),
             )
         else:
             if old is None or sm["response_from"] != len(old.response_ids):
@@ -563,6 +575,7 @@ class Trajectory:
                 response_mask=old.response_mask[:],
                 response_logprobs=old.response_logprobs[:],
                 routed_experts=old.routed_experts,
+                cause=old.cause,
                 experts_writes=list(old.experts_writes),
             )
         seg.response_ids += _typed(IDS_CODE, arrays[f"s{i}.response_ids"])

@@ -38,7 +38,9 @@ def test_cli_exports_only_the_app():
 
     assert cli.__all__ == ["app"]
     names = sorted(c.name or c.callback.__name__ for c in cli.app.registered_commands)
-    assert names == sorted(["run", "status", "replay", "inspect", "report", "worker", "proxy", "up", "demo"])
+    assert names == sorted(
+        ["run", "status", "replay", "inspect", "report", "view", "worker", "proxy", "up", "demo"]
+    )
 
 
 @pytest.mark.parametrize("name", ["trialflow", "activities", "workflows"])

@@ -9,6 +9,8 @@ Key layout (keys are relative to the store's own prefix; build them with `TrialK
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/logs/{name}              scaffold/verifier logs
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/steps/{step}/...         a multi-step task's step:
                                                                               the same layout per step
+    batches/{batch_id}/trials/{trial_id}/replays/{name}.json                   a `replay --from-record`'s
+                                                                              report (record_replay_key)
     proxies/{worker_id}.json                                                  a live worker's proxy
                                                                               (trialflow.policy_sync)
     policy_version.json                                                       the weights version the
@@ -72,6 +74,12 @@ def validate_key(key: str) -> str:
 def trial_result_key(batch_id: str, trial_id: str) -> str:
     """The whole trial's result: beside its attempts (`TrialKeys.root` is one level down)."""
     return f"batches/{batch_id}/trials/{trial_id}/result.json"
+
+
+def record_replay_key(batch_id: str, trial_id: str, name: str) -> str:
+    """Where `trialflow replay TRIAL --from-record` keeps its report (``name``: attempt and
+    time, so every re-run is kept); beside the trial's result, never named result.json."""
+    return validate_key(f"batches/{batch_id}/trials/{trial_id}/replays/{name}.json")
 
 
 PROXY_REGISTRY_PREFIX = "proxies/"
@@ -149,6 +157,11 @@ class ResultStore(abc.ABC):
     @abc.abstractmethod
     def list_keys(self, prefix: str = "") -> list[str]:
         """Sorted keys starting with `prefix`."""
+
+    @abc.abstractmethod
+    def list_children(self, prefix: str) -> list[str]:
+        """Sorted names one level below ``prefix`` (a folder, ending with ``/``): each object's
+        or sub-folder's next key part, once. Lists that level only, not every key under it."""
 
     @abc.abstractmethod
     def exists(self, uri_or_key: str) -> bool: ...
@@ -257,6 +270,15 @@ class LocalStore(ResultStore):
                 if key.startswith(prefix):
                     keys.append(key)
         return sorted(keys)
+
+    def list_children(self, prefix: str) -> list[str]:
+        folder = self.root / validate_key(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        try:
+            return sorted(e.name for e in os.scandir(folder) if not e.name.startswith(".tmp-"))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise StorageError(f"could not list {folder}: {e}") from e
 
     def exists(self, uri_or_key: str) -> bool:
         return (self.root / self.key_of(uri_or_key)).is_file()
@@ -412,6 +434,22 @@ class S3Store(ResultStore):
             if not page.get("IsTruncated") or not token:
                 return sorted(keys)
 
+    def list_children(self, prefix: str) -> list[str]:
+        head = f"{self.prefix}/" if self.prefix else ""
+        folder = head + (validate_key(prefix.rstrip("/")) + "/" if prefix.strip("/") else "")
+        names: set[str] = set()
+        token: str | None = None
+        while True:  # Delimiter: S3 rolls each sub-folder up into one CommonPrefixes entry
+            kwargs = {"Bucket": self.bucket, "Prefix": folder, "Delimiter": "/"}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._guard(functools.partial(self._client.list_objects_v2, **kwargs), f"list {folder}")
+            names.update(obj["Key"][len(folder) :] for obj in page.get("Contents", []))
+            names.update(p["Prefix"][len(folder) :].rstrip("/") for p in page.get("CommonPrefixes", []))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return sorted(n for n in names if n)
+
     def delete(self, uri_or_key: str) -> None:
         full = self._full(self.key_of(uri_or_key))
         self._guard(lambda: self._client.delete_object(Bucket=self.bucket, Key=full), f"delete {full}")
@@ -444,9 +482,11 @@ class StoreCheckpointSink:
         await asyncio.to_thread(self.store.put_bytes, self.key(seq), payload, "application/x-npz")
 
 
-def open_store(settings: TrialflowSettings) -> ResultStore:
+def open_store(settings: TrialflowSettings, *, create: bool = True) -> ResultStore:
     """The store the settings name: S3 when an endpoint is configured, else the local
-    directory store (`store_dir`). The one place that maps settings to a store."""
+    directory store (`store_dir`). The one place that maps settings to a store. ``create``
+    False (readers such as the viewer): a missing bucket is not created, a missing directory
+    raises ObjectNotFound instead of being made."""
     if settings.s3_endpoint:
         return S3Store(
             settings.s3_endpoint,
@@ -454,8 +494,10 @@ def open_store(settings: TrialflowSettings) -> ResultStore:
             settings.s3_prefix,
             access_key=settings.s3_access_key,
             secret_key=settings.s3_secret_key,
-            create_bucket=True,
+            create_bucket=create,
         )
+    if not create and not Path(settings.store_dir).is_dir():
+        raise ObjectNotFound(f"no store directory {settings.store_dir}")
     return LocalStore(settings.store_dir)
 
 

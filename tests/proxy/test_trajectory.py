@@ -470,3 +470,22 @@ def test_same_ids_compares_across_sequence_types():
     assert not same_ids(a, [1, 2]) and not same_ids(a, [1, 2, 3]) and not same_ids(a, [1, 2, 2**40])
     assert not same_ids(a, ["1", "2", "x"])
     assert a != [1, 2, 70000]  # the trap same_ids exists for
+
+
+def test_a_segments_cause_is_kept_through_bytes_and_checkpoints():
+    """Why a segment opened (SegmentHeader.cause) survives serialization and the checkpoint
+    chain; a segment without one writes no key (older payloads stay byte for byte)."""
+    t = Trajectory(session_id="s")
+    checkpoints = []
+    for i, (rewritten, cause) in enumerate([(False, None), (True, "client"), (True, "template")]):
+        mark = t.mark()
+        header = SegmentHeader("main", rewritten, "k", [1, i], cause=cause)
+        t.apply(TurnDelta(record=rec(i), gen_ids=[5], gen_logprobs=[-0.1], new_segment=header))
+        checkpoints.append(t.delta_since(mark))
+    causes = [None, "client", "template"]
+    assert [s.cause for s in t.segments] == causes
+    assert [s.cause for s in Trajectory.from_bytes(t.to_bytes()).segments] == causes
+    assert [s.cause for s in Trajectory.from_checkpoints(checkpoints).segments] == causes
+    with np.load(io.BytesIO(t.to_bytes())) as z:
+        seg_meta = json.loads(z["meta"].tobytes())["segments"]
+    assert "cause" not in seg_meta[0] and seg_meta[1]["cause"] == "client"

@@ -75,6 +75,17 @@ def test_list_keys_by_prefix(store):
     assert store.list_keys("none/") == []
 
 
+def test_list_children_lists_one_level(store):
+    for key in ["batches/1/x", "batches/1/y/z", "batches/1/y/w", "batches/10/q", "other"]:
+        store.put_bytes(key, b"1")
+    assert store.list_children("") == ["batches", "other"]
+    assert store.list_children("batches/") == ["1", "10"]
+    assert store.list_children("batches/1/") == ["x", "y"]
+    assert store.list_children("batches/1/x/") == [] and store.list_children("none/") == []
+    with pytest.raises(ValueError):
+        store.list_children("../")
+
+
 @pytest.mark.parametrize("bad", ["", "/abs", "a//b", "a/../b", "./a", "a/."])
 def test_invalid_keys(store, bad):
     with pytest.raises(ValueError):

@@ -1,4 +1,4 @@
-"""`trialflow` command line: up, run, status, replay, inspect, report, worker, proxy, demo.
+"""`trialflow` command line: up, run, status, replay, inspect, report, view, worker, proxy, demo.
 
 Every command reads `TrialflowSettings` once (environment ``TRIALFLOW_*``), and its flags
 override those settings. `run` and `replay` start an in-process worker unless
@@ -10,11 +10,11 @@ stored), 2 for bad usage (typer's own).
 Modules: `_app` (the typer app, shared options, flags -> settings; the commands are
 registered on it below), `_views` (rich tables
 and the progress bar), `_trials` (run, status, replay), `_record` (replay --from-record),
-`_inspect` (inspect, report),
+`_inspect` (inspect, report), `_view` (view: the trajectory viewer),
 `_serve` (worker, proxy), `_demo` (up, demo: the embedded infrastructure).
 """
 
-from trialflow.cli import _demo, _inspect, _serve, _trials
+from trialflow.cli import _demo, _inspect, _serve, _trials, _view
 from trialflow.cli._app import app
 
 __all__ = ["app"]
@@ -26,6 +26,7 @@ for _command in (
     _trials.replay,
     _inspect.inspect,
     _inspect.report,
+    _view.view,
     _serve.worker,
     _serve.proxy,
     _demo.up,

@@ -83,4 +83,34 @@ async def _replay(settings: TrialflowSettings, trial_id: str, attempt: int | Non
         await proxy.stop()
         backend.close()
     console.print(escape(report.summary()))
+    key = _keep_report(store, spec.batch_id, record.attempt, report)
+    console.print(f"report kept in the store: {escape(key)} (trialflow view shows it on the trial's page)")
     return 0 if report.reproduced else 1
+
+
+def _keep_report(store, batch_id: str, attempt: int, report) -> str:
+    """The report as JSON beside the trial's result (`storage.record_replay_key`), so the
+    viewer shows every re-run's divergence with its diff."""
+    import json
+    from datetime import UTC, datetime
+
+    from trialflow.storage import record_replay_key
+
+    now = datetime.now(UTC)
+    key = record_replay_key(batch_id, report.trial_id, f"attempt-{attempt}-{now:%Y%m%dT%H%M%S%fZ}")
+    body = {
+        "attempt": attempt,
+        "created": now.isoformat(timespec="seconds"),
+        "recorded_turns": report.recorded_turns,
+        "replayable_turns": report.replayable_turns,
+        "replayed": report.replayed,
+        "unused": report.unused,
+        "reproduced": report.reproduced,
+        "divergence": None if report.divergence is None else report.divergence.summary(),
+        "diff": report.diff,
+        "summary": report.summary(),
+        "scaffold_exit_code": report.scaffold.exit_code,
+        "seconds": round(report.seconds, 3),
+    }
+    store.put_bytes(key, json.dumps(body, indent=1).encode(), "application/json")
+    return key
