@@ -60,6 +60,15 @@ Rules and edge cases:
   request then fails at once the same way (counted too). A session closed while its turn is
   held (the agent was stopped while it waited: a timeout) cancels the turn and counts it in
   ``infra_errors``.
+- ``close()`` never waits out a generation: the agent that asked for it is gone (stopped at
+  its timeout), and a slow turn (thousands of tokens from a busy replica) could outlast the
+  activity that closes the session, turning the agent's timeout into a lost attempt. The
+  running call is cancelled, which closes its connection to the replica (vLLM aborts a request
+  whose client went away), the turn commits nothing and ``counters.closed_mid_turn`` += 1.
+  Nothing of it is recorded: calls are non-streaming, so no token of an unfinished
+  generation has reached the proxy, and the agent never saw any of it either; the trajectory
+  ends with the last turn the agent was answered. A turn that reaches its call after
+  ``close()`` began does not start one.
 - A failed turn (backend error, parse of the request) commits nothing; what was recorded
   before stays. Tokens are recorded as soon as the backend returns, even if the client has
   gone away (the server runs the turn as its own task).
@@ -70,7 +79,8 @@ Rules and edge cases:
   S3 PUT; the session's next turn, ``flush_checkpoints()`` and ``close()`` wait for it, so
   writes never overlap and stay in order. (A crash in that window loses what a crash just
   before answering would have lost: the last turn, which the scaffold dies with too.)
-- After ``close()`` every request answers ``NotFound``; ``close()`` waits for a running turn.
+- After ``close()`` every request answers ``NotFound``; ``close()`` waits for a running turn's
+  preparation (rendering and encoding), never for its generation (above).
 - Turn limit (``SessionConfig.max_turns``, for agents without a hard limit of their own): an
   *agent turn* is a turn on the main thread or one whose request offers tools (a sub-agent);
   tool-less side calls (titles, summaries) cannot act on the sandbox and do not count. Once
@@ -360,9 +370,11 @@ class Session:
         self._mark = Mark.EMPTY
         self._lock = asyncio.Lock()
         self._pending_checkpoint: asyncio.Task[None] | None = None
-        # the running turn's backend call while the pool holds it for an outage (close cancels it)
-        self._held: asyncio.Future[Any] | None = None
-        self._held_cancelled = False
+        # the running turn's backend call (close cancels it), whether the pool holds it for an
+        # outage, and whether close began (module docstring)
+        self._in_flight: asyncio.Future[Any] | None = None
+        self._held = False
+        self._closing = False
         self._ignored_logged: set[str] = set()
         # The history messages this session's requests carried, converted (the adapters take
         # it, so a resent history is validated only where it is new)
@@ -553,29 +565,35 @@ class Session:
         return outcome
 
     async def _infra_call(self, make: Callable[[Callable[[], None]], Awaitable[_T]]) -> _T:
-        """``make(on_hold)`` (a pool call): a failure is counted as infrastructure the agent saw,
-        and a call the pool holds for an outage (it calls ``on_hold``) can be cancelled by
-        ``close`` (module docstring)."""
-        call: asyncio.Future[_T] | None = None
+        """``make(on_hold)`` (a pool call): a failure is counted as infrastructure the agent saw;
+        ``close`` cancels the call, counted as infrastructure when the pool held it for an
+        outage (it calls ``on_hold``), else as a turn cut by the close (module docstring)."""
+        if self._closing:
+            self.trajectory.note_closed_mid_turn()
+            raise NotFound("the session closed before its turn was generated")
 
         def on_hold() -> None:
             self.trajectory.note_outage_hold()
-            self._held = call
+            self._held = True
 
         call = asyncio.ensure_future(make(on_hold))
+        self._in_flight = call
         try:
             return await asyncio.shield(call)
         except BackendError:
             self.trajectory.note_infra_error()
             raise
         except asyncio.CancelledError:
-            if not self._held_cancelled:  # the turn itself was cancelled, not its held call
+            if not self._closing:  # the turn itself was cancelled, not by close
                 call.cancel()
                 raise
-            self.trajectory.note_infra_error()
-            raise ReplicaUnreachable("the session closed while its turn waited for a replica") from None
+            if self._held:
+                self.trajectory.note_infra_error()
+                raise ReplicaUnreachable("the session closed while its turn waited for a replica") from None
+            self.trajectory.note_closed_mid_turn()
+            raise NotFound("the session closed while its turn was generating") from None
         finally:
-            self._held = None
+            self._in_flight, self._held = None, False
 
     def _commit_replayed(self, prepared: PreparedTurn, recorded: RecordedTurn) -> TurnOutcome:
         """Record ``recorded``'s generation for ``prepared`` without a replica; the answer is
@@ -692,11 +710,11 @@ class Session:
         self.checkpoints_written += 1
 
     async def close(self) -> Trajectory:
-        """Wait for a running turn (one held for an outage is cancelled: module docstring),
-        flush a pending checkpoint, refuse further requests."""
-        if self._held is not None:
-            self._held_cancelled = True
-            self._held.cancel()
+        """Cancel a running turn's generation (held or not: module docstring), flush a pending
+        checkpoint, refuse further requests."""
+        self._closing = True
+        if self._in_flight is not None:
+            self._in_flight.cancel()
         async with self._lock:
             self.closed = True
             await self._wait_checkpoint()

@@ -307,6 +307,9 @@ class Counters:
     # the agent saw infrastructure, so the attempt is no evidence about the model.
     infra_errors: int = 0
     outage_holds: int = 0  # turns the pool held while no replica could serve them
+    # Turns whose generation was cancelled because the session closed (the agent was stopped,
+    # its timeout): nothing of them is recorded (proxy.session)
+    closed_mid_turn: int = 0
 
 
 @dataclass(frozen=True)
@@ -416,6 +419,10 @@ class Trajectory:
     def note_infra_error(self) -> None:
         """Count a request the agent saw fail on infrastructure (nothing recorded for it)."""
         self.counters.infra_errors += 1
+
+    def note_closed_mid_turn(self) -> None:
+        """Count a turn cut off by the session's close (nothing recorded for it)."""
+        self.counters.closed_mid_turn += 1
 
     def note_outage_hold(self) -> None:
         """Count a turn held while no replica could serve it."""
@@ -631,6 +638,7 @@ _LATE_COUNTERS: dict[str, Any] = {
     "turn_limited": 0,
     "infra_errors": 0,
     "outage_holds": 0,
+    "closed_mid_turn": 0,
 }
 
 

@@ -136,6 +136,7 @@ class ScriptedVLLM:
     # (arrival, departure) monotonic times per answered request, to check serialisation.
     timings: list[tuple[float, float]] = field(default_factory=list)
     answered: int = 0
+    client_gone: int = 0  # generations stopped because their client closed the connection
     weights_version: int | None = None
     on_resume: Callable[[], None] | None = None
     port: int = 0
@@ -201,14 +202,20 @@ class ScriptedVLLM:
             self.pause() if op == "pause" else self.resume()
         return web.json_response({"ok": True, "weights_version": self.weights_version})
 
-    async def _sleep_unless_cut(self, delay_s: float) -> bool:
-        """Sleep ``delay_s``; True when a pause cut it short."""
+    async def _sleep_unless_cut(self, delay_s: float, request: web.Request) -> bool:
+        """Sleep ``delay_s``, or less when the client goes away (as vLLM stops generating
+        then); True when a pause cut it short."""
         cut = self._cut
-        try:
-            await asyncio.wait_for(cut.wait(), delay_s)
-        except TimeoutError:
-            return False
-        return True
+        until = time.monotonic() + delay_s
+        while (left := until - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(cut.wait(), min(left, 0.05))
+            except TimeoutError:
+                if request.transport is None or request.transport.is_closing():
+                    return False
+                continue
+            return True
+        return False
 
     def _pick(self, prompt_text: str) -> Action:
         if (self.match is None or self.match(prompt_text)) and self.script:
@@ -241,11 +248,13 @@ class ScriptedVLLM:
         if is_main:
             self.main_requests.append(body)
         if isinstance(action, (Reply, HTTPFailure)) and action.delay_s:
-            if await self._sleep_unless_cut(action.delay_s) and isinstance(action, Reply):
+            if await self._sleep_unless_cut(action.delay_s, request) and isinstance(action, Reply):
                 ids = self._ids(action)
                 action = Abort(token_ids=ids[: len(ids) // 2], experts=action.experts)
             if request.transport is None or request.transport.is_closing():
-                # vLLM aborts a request whose client went away: nothing is answered or counted
+                # vLLM aborts a request whose client went away (its handlers watch for the
+                # disconnect): nothing is answered, only counted here
+                self.client_gone += 1
                 raise asyncio.CancelledError
         if isinstance(action, HTTPFailure):
             return web.json_response(

@@ -516,3 +516,53 @@ async def test_closing_a_session_cancels_its_turn_held_for_an_outage(tok):
     assert (t.counters.turns, t.counters.outage_holds, t.counters.infra_errors) == (0, 1, 1)
     again = Trajectory.from_bytes(t.to_bytes())
     assert (again.counters.outage_holds, again.counters.infra_errors) == (1, 1)
+
+
+async def test_closing_a_session_cuts_its_generation_and_keeps_what_was_answered(tok):
+    """The agent is stopped (its timeout) during a slow turn: close() does not wait for the
+    generation. Its call is cancelled and its connection to the replica closed (the double,
+    as vLLM, stops generating then), nothing of the unfinished turn is recorded, and the turn
+    answered before it stays, checkpointed. Not an infrastructure error: the attempt is the
+    agent's to verify."""
+    sink = MemorySink()
+    slow = Reply("word " * 50, delay_s=120)
+    async with ScriptedVLLM(tok, script=[Reply("first answer"), slow], default=slow) as dbl:
+        s = _session(tok, dbl, checkpoint=sink)
+        messages = [SYSTEM, {"role": "user", "content": "a"}]
+        first = await s.run_turn(_req(messages), new_tool_call_id=_ids())
+        messages += [{"role": "assistant", "content": first.parsed.content}, {"role": "user", "content": "b"}]
+        turn = asyncio.create_task(s.run_turn(_req(messages), new_tool_call_id=_ids()))
+        await wait_until(lambda: len(dbl.requests) == 2, what="the second turn reached the replica")
+        t = await asyncio.wait_for(s.close(), 10)  # the generation would take 120 s
+        with pytest.raises(NotFound, match="closed while its turn was generating"):
+            await turn
+        await wait_until(lambda: dbl.client_gone == 1, what="the replica saw its client go away")
+        assert dbl.answered == 1
+    assert (t.counters.turns, t.counters.closed_mid_turn, t.counters.infra_errors) == (1, 1, 0)
+    assert t.turns[0].completion_tokens == len(tok.encode("first answer", add_special_tokens=False)) + 1
+    again = Trajectory.from_bytes(t.to_bytes())
+    assert (again.counters.turns, again.counters.closed_mid_turn) == (1, 1)
+    assert Trajectory.from_checkpoints(sink.payloads["sess"]).counters.turns == 1  # checkpointed
+
+
+async def test_a_turn_prepared_after_close_began_generates_nothing(tok):
+    """close() began while a turn was still being prepared: the turn never starts its call."""
+    async with ScriptedVLLM(tok) as dbl:
+        s = _session(tok, dbl)
+        gate = asyncio.Event()
+
+        async def offload(step):
+            await gate.wait()
+            return step()
+
+        turn = asyncio.create_task(
+            s.run_turn(_req([SYSTEM, {"role": "user", "content": "a"}]), offload=offload)
+        )
+        await asyncio.sleep(0)
+        closing = asyncio.create_task(s.close())
+        await asyncio.sleep(0.05)
+        gate.set()
+        t = await asyncio.wait_for(closing, 10)
+        with pytest.raises(NotFound, match="closed before its turn was generated"):
+            await turn
+        assert dbl.requests == [] and (t.counters.turns, t.counters.closed_mid_turn) == (0, 1)
