@@ -4,7 +4,7 @@ Baseline (measured in the same run): the session's former path, one Rust decode 
 ``skip_special_tokens=True`` and ``parse_output`` on that string. Now: ``OutputDecoder`` (token
 ids -> text and markup pieces) plus ``parse_output`` on the pieces, plus the prompt-tail decode
 the reasoning parser reads. Per family fixture (trialflow.families), on that family's native
-output (tests.proxy._families) with reasoning, a paragraph of text and two tool calls,
+output (`FamilyFixture.native`, trialflow.families) with reasoning, a paragraph of text and two tool calls,
 repeated to about ``--tokens`` ids. Prints one JSON document. Median of ``--samples`` runs
 (``time.perf_counter``).
 The baseline's result is wrong for GLM and gpt-oss (their markup is special, so it is gone
@@ -24,7 +24,6 @@ import time
 from proxy.chat import ParsedOutput, ToolCall
 from proxy.parsers import OutputDecoder, markup_of, parse_output, starts_inside_reasoning
 from proxy.profiles import detect_profile
-from tests.proxy._families import native
 from trialflow.families import FAMILIES, family, make_tokenizer
 from trialflow.families._build import generation_eos_ids
 
@@ -32,7 +31,7 @@ PARAGRAPH = "The function reads the file and returns a list of lines; the test e
 
 
 def _output(name: str, tok, n_tokens: int) -> list[int]:
-    one_call = name in ("llama31", "gpt_oss")  # and no text beside it
+    one_call = not family(name).traits.parallel_calls  # and no text beside it
     text_len = 1
     while True:
         calls = [
@@ -43,7 +42,7 @@ def _output(name: str, tok, n_tokens: int) -> list[int]:
         p = ParsedOutput(content=PARAGRAPH * text_len, reasoning=PARAGRAPH * text_len, tool_calls=calls)
         if one_call:
             p.content = ""
-        text, stop = native(name, p)
+        text, stop = family(name).native(p)
         ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids(stop)]
         if len(ids) >= n_tokens or text_len > 10_000:
             return ids

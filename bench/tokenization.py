@@ -7,7 +7,7 @@ median over repeated measurements of the same turn on copies of the tracker stat
 
 ``--family`` picks the tokenizer and chat template: ``tiny`` (the project's own, default) or a
 family fixture of trialflow.families (``all`` runs each); the "model" then answers in that
-family's native output format (tests.proxy._families), with its stop token.
+family's native output format (`FamilyFixture.native`, trialflow.families), with its stop token.
 
     .venv/bin/python bench/tokenization.py [--turns 100] [--target-tokens 65536] [--family tiny|NAME|all]
 """
@@ -25,7 +25,6 @@ from pathlib import Path
 from proxy.chat import ChatRequest, Generation, ParsedOutput, ToolCall
 from proxy.profiles import detect_profile
 from proxy.tokenization import ConversationTracker
-from tests.proxy._families import native
 from trialflow.families import FAMILIES, family, make_tokenizer
 from trialflow.families._build import generation_eos_ids
 from trialflow.tinymodel import build_tokenizer
@@ -42,15 +41,20 @@ TOOLS = [
 ]
 
 
+def _native(name: str, parsed: ParsedOutput) -> tuple[str, str]:
+    # The tiny model's template is Qwen3's chatml with think blocks: it writes what Qwen3 writes.
+    return family("qwen3" if name == "tiny" else name).native(parsed)
+
+
 def assistant_turn(tok, name: str, i: int, words: int) -> tuple[ParsedOutput, list[int]]:
     text = " ".join(f"step{i} looks at file{j}.py and edits line {j}" for j in range(words))
     call = ToolCall(id=f"call_{i}", name="Bash", arguments={"command": f"cat file{i}.py"})
     parsed = ParsedOutput(content=text, tool_calls=[call])
-    body, stop = native(name, parsed)
+    body, stop = _native(name, parsed)
     if text not in body:  # Llama-3.1 and gpt-oss emit no text with a call: the bulk goes into it
         call = ToolCall(id=f"call_{i}", name="Bash", arguments={"command": f"cat file{i}.py  # {text}"})
         parsed = ParsedOutput(content="", tool_calls=[call])
-        body, stop = native(name, parsed)
+        body, stop = _native(name, parsed)
     return parsed, tok.encode(body, add_special_tokens=False) + [tok.convert_tokens_to_ids(stop)]
 
 

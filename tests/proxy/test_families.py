@@ -1,7 +1,7 @@
 """Every model family through the tracker: its own template, its model's native output.
 
 Each family fixture (trialflow.families) renders with a template reproducing the family's
-documented rules; the scripted "model" emits that family's native output (tests.proxy._families)
+documented rules; the scripted "model" emits that family's native output (`FamilyFixture.native`, trialflow.families)
 and ends with the family's own stop token. The checks are the issue's invariants:
 - the segment count is the documented minimum (one main segment for tool loops, plain chat,
   system reminders, quoted end-of-turn strings; compaction adds one counted client rewrite;
@@ -24,7 +24,6 @@ from proxy.chat import ChatRequest, Generation, Message, ParsedOutput, ToolCall,
 from proxy.profiles import detect_profile
 from proxy.tokenization import ConversationTracker, TemplateRejected
 from tests._hypothesis import examples
-from tests.proxy._families import native
 from trialflow.families import FAMILIES, family, make_tokenizer
 from trialflow.families._build import generation_eos_ids
 
@@ -48,7 +47,6 @@ END_STRINGS = (
     "<|im_end|> <|endoftext|> <|return|> <|call|> <|end|> <|eot_id|> <|eom_id|> <|user|> <|observation|> "
     "<｜end▁of▁sentence｜> </tool_call>"
 )
-SINGLE_CALL_ONLY = {"llama31", "gpt_oss"}
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +84,7 @@ class Run:
         prepared = self.tracker.prepare(
             ChatRequest(protocol="openai", messages=[dict(m) for m in messages], tools=self.tools)
         )
-        text, stop = native(self.name, reply)
+        text, stop = family(self.name).native(reply)
         ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.convert_tokens_to_ids(stop)]
         gen = Generation(list(prepared.prompt_ids), ids, [-0.5] * len(ids), "stop")
         self.tracker.commit(prepared, gen, reply)
@@ -192,7 +190,7 @@ def test_parallel_tool_calls_extend_or_are_refused_as_the_template_says(fams, na
         {"role": "tool", "content": "one out"},
         {"role": "tool", "content": "two out"},
     ]
-    if name in SINGLE_CALL_ONLY:
+    if not family(name).traits.parallel_calls:
         with pytest.raises(TemplateRejected):
             run.tracker.prepare(ChatRequest(protocol="openai", messages=msgs, tools=TOOLS))
         assert not run.profile.parallel_tool_calls
@@ -301,7 +299,7 @@ def conversations(draw):
 def _prefix_stable(name: str, steps) -> bool:
     """Where the family's template renders the model's own turns as the model wrote them."""
     followed_by_user = [any("user" in later[2] for later in steps[i:]) for i in range(len(steps))]
-    if name in ("qwen25", "qwen3_coder", "llama31"):
+    if not family(name).traits.reasoning:  # nothing of the model's own is dropped or moved
         return True
     if name == "qwen3":  # reasoning is dropped once a new user query follows
         return not any(s[1] and u for s, u in zip(steps, followed_by_user, strict=True))
@@ -311,7 +309,9 @@ def _prefix_stable(name: str, steps) -> bool:
         )
     if name == "deepseek_v31":  # reasoning is never rendered in the history
         return not any(s[1] for s in steps)
-    return False  # gpt-oss: the history re-renders the model's headers and end tokens
+    if name == "gpt_oss":  # the history re-renders the model's headers and end tokens
+        return False
+    raise KeyError(f"{name}: say how its template renders the model's own turns in the history")
 
 
 @pytest.mark.parametrize("name", FAMS)
@@ -324,7 +324,7 @@ def test_random_conversations_extend_and_match_the_full_render_where_prefix_stab
     msgs: list[Message] = [SYSTEM, {"role": "user", "content": "begin work"}]
     uid = itertools.count()
     for n_calls, reasoning, after, echo in steps:
-        if name in SINGLE_CALL_ONLY:
+        if not family(name).traits.parallel_calls:
             n_calls = min(n_calls, 1)
         calls = tuple({"command": f"run{next(uid)}q"} for _ in range(n_calls))
         reasoning = f"{reasoning}{next(uid)}q" if reasoning else ""

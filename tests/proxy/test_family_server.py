@@ -1,5 +1,5 @@
 """Every model family through the real proxy server, the official SDKs and the scripted vLLM
-double emitting that family's native output (tests.proxy._families).
+double emitting that family's native output (`FamilyFixture.native`, trialflow.families).
 
 Checked per family and protocol: the record equals what the backend received and returned
 (each prompt is a prefix of the recorded sequence; the mask-1 tokens are exactly the
@@ -23,13 +23,11 @@ from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS
 from proxy.profiles import UnsupportedTemplate, detect_profile, load_generation_eos
 from proxy.server import ProxyServer
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
-from tests.proxy._families import native
 from tests.proxy._support import ANTHROPIC_TOOLS, OPENAI_TOOLS, proxy_server
-from trialflow.families import FAMILIES, build_tokenizer_dir
+from trialflow.families import FAMILIES, build_tokenizer_dir, family
 
 FAMS = sorted(FAMILIES)
 QUOTED = "<|im_end|> <|endoftext|> <|return|> <|call|> <|eot_id|> <|eom_id|> <|user|> <|observation|>"
-REASONS = {"qwen3", "glm45", "gpt_oss"}
 # Every family's parsers are registered (issue 10b); the tool loop then runs with real tool calls.
 TOOL_PARSERS_READY = all(
     n in TOOL_PARSERS for n in ("hermes", "glm45", "deepseek_v31", "harmony", "llama3_json")
@@ -55,7 +53,7 @@ def _server(tok, dbl_url):
 
 def _reply(name: str, content: str = "", reasoning: str = "", call: dict | None = None) -> tuple[Reply, list]:
     calls = [ToolCall(id="x", name="Bash", arguments=call)] if call else []
-    text, stop = native(name, ParsedOutput(content=content, reasoning=reasoning if name in REASONS else None,
+    text, stop = family(name).native(ParsedOutput(content=content, reasoning=reasoning if family(name).traits.thinks_by_default else None,
                                            tool_calls=calls))  # fmt: skip
     return Reply(text + stop, eos=False), [text, stop]
 
@@ -134,7 +132,7 @@ async def test_anthropic_sdk_system_reminders_next_to_tool_results_per_family(fa
         reminder = {"type": "text", "text": "<system-reminder>the todo list is empty</system-reminder>"}
         uses = [b for b in first.content if b.type == "tool_use"]
         assert uses or not TOOL_PARSERS_READY, (name, first.content)
-        if name in REASONS and REASONING_READY:
+        if family(name).traits.thinks_by_default and REASONING_READY:
             assert [b.thinking for b in first.content if b.type == "thinking"] == ["look at it"]
         if uses:
             result = {"type": "tool_result", "tool_use_id": uses[0].id, "content": "print('hello')"}
@@ -148,7 +146,7 @@ async def test_anthropic_sdk_system_reminders_next_to_tool_results_per_family(fa
         await client.close()
 
 
-@pytest.mark.parametrize("name", ["llama31", "gpt_oss"])
+@pytest.mark.parametrize("name", [n for n in FAMS if not family(n).traits.parallel_calls])
 async def test_a_template_that_raises_is_a_400_in_each_protocol(family_dirs, name):
     """Both templates refuse two tool calls in one assistant message."""
     tok = AutoTokenizer.from_pretrained(family_dirs[name])
@@ -196,13 +194,13 @@ def test_start_up_refuses_an_unservable_template_and_an_unregistered_parser(fami
 async def test_openai_sdk_parallel_calls_sub_agent_and_compaction_per_family(family_dirs, name):
     """Segments: one main through parallel calls (where the template allows them), one side for
     the sub-agent, one counted client rewrite for the compacted history."""
-    parallel = name not in ("llama31", "gpt_oss")
+    parallel = family(name).traits.parallel_calls
     first = (
         _reply(name, reasoning="two at once", call={"command": "ls one"}) if not parallel else (None, None)
     )
     if parallel:
         calls = [ToolCall(id="x", name="Bash", arguments={"command": c}) for c in ("ls one", "ls two")]
-        text, stop = native(name, ParsedOutput(content="", tool_calls=calls))
+        text, stop = family(name).native(ParsedOutput(content="", tool_calls=calls))
         first = (Reply(text + stop, eos=False), [text, stop])
     sub = _reply(name, content="found it")
     after = _reply(name, content="both listed")

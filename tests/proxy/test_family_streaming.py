@@ -3,7 +3,7 @@
 The real proxy server loads each family fixture from its directory (trialflow.families: the
 family's tokens, its own template, its generation_config stop tokens), so the proxy detects
 the family's profile and parsers itself; the scripted vLLM double emits the family's native
-output (tests.proxy._families) ending in the family's stop token. For each family, protocol
+output (`FamilyFixture.native`, trialflow.families) ending in the family's stop token. For each family, protocol
 and stream/non-stream: a tool loop (reasoning + calls, then a final answer with reasoning)
 through the anthropic / openai SDK. Checked: the client gets the reasoning as a thinking
 block / ``reasoning_content`` and the calls as ``tool_use`` blocks / ``tool_calls`` (the SDKs'
@@ -22,7 +22,6 @@ from transformers import AutoTokenizer
 
 from proxy.chat import ParsedOutput, ToolCall
 from tests.doubles.scripted_vllm import Reply, ScriptedVLLM
-from tests.proxy._families import native
 from tests.proxy._support import (
     ANTHROPIC_AGENT_KWARGS,
     ANTHROPIC_TOOLS,
@@ -30,12 +29,9 @@ from tests.proxy._support import (
     ask_anthropic,
     proxy_server,
 )
-from trialflow.families import FAMILIES, build_tokenizer_dir
+from trialflow.families import FAMILIES, build_tokenizer_dir, family
 
 FAMS = sorted(FAMILIES)
-NO_REASONING = {"qwen25", "qwen3_coder", "llama31"}  # the family's model writes none
-ONE_CALL = {"llama31", "gpt_oss"}  # the model stops after one call
-NO_TEXT_WITH_CALLS = {"llama31", "gpt_oss"}  # visible text and a call do not share a turn
 MARKUP = ("<tool_call>", "<think>", "</think>", "<|", "<｜", "<arg_", "<function=")
 
 
@@ -46,18 +42,19 @@ def family_toks(tmp_path_factory, harmony_vocab):
 
 
 def _script(name: str, tok) -> tuple[list[Reply], list[ParsedOutput]]:
-    commands = ["ls", "cat a.txt"][: 1 if name in ONE_CALL else 2]
+    traits = family(name).traits
+    commands = ["ls", "cat a.txt"][: 2 if traits.parallel_calls else 1]
     first = ParsedOutput(
-        content="" if name in NO_TEXT_WITH_CALLS else "Let me look.",
-        reasoning=None if name in NO_REASONING else "I should list the files.",
+        content="Let me look." if traits.text_with_calls else "",
+        reasoning="I should list the files." if traits.reasoning else None,
         tool_calls=[ToolCall(f"c{i}", "Bash", {"command": c}) for i, c in enumerate(commands)],
     )
     second = ParsedOutput(
-        content="There are two files.", reasoning=None if name in NO_REASONING else "Both are listed."
+        content="There are two files.", reasoning="Both are listed." if traits.reasoning else None
     )
     replies = []
     for p in (first, second):
-        text, stop = native(name, p)
+        text, stop = family(name).native(p)
         ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids(stop)]
         replies.append(Reply(token_ids=ids, eos=False))
     return replies, [first, second]
@@ -187,8 +184,8 @@ async def test_markup_the_model_spells_in_its_answer_reaches_both_clients_as_tex
     """A model quoting its own markup with ordinary tokens (writing docs about it, say) is text:
     no thinking block, no tool call, no parse failure, every character delivered."""
     tok = family_toks[name]
-    reasoning = None if name in NO_REASONING else "RQ"
-    text, stop = native(name, ParsedOutput(content="CQ", reasoning=reasoning))
+    reasoning = "RQ" if family(name).traits.reasoning else None
+    text, stop = family(name).native(ParsedOutput(content="CQ", reasoning=reasoning))
     ids: list[int] = []
     for k, part in enumerate(text.replace("RQ", "\0").replace("CQ", "\0").split("\0")):
         ids += ([] if k == 0 else _literal(tok, "quoted: " + QUOTED)) + tok.encode(

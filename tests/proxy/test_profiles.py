@@ -8,17 +8,6 @@ from proxy.profiles import ModelProfile, UnsupportedTemplate, detect_profile, lo
 from trialflow.families import FAMILIES, build_tokenizer_dir, family, make_tokenizer
 from trialflow.families._build import generation_eos_ids
 
-# family -> (tool parser, reasoning parser, reasoning field, thinking switch, arguments, parallel, opens next)
-EXPECTED = {
-    "qwen25": ("hermes", None, None, None, "object", True, False),
-    "qwen3": ("hermes", "think", "reasoning_content", "enable_thinking", "object", True, False),
-    "qwen3_coder": ("qwen3_coder", None, None, None, "object", True, False),
-    "glm45": ("glm45", "think", "reasoning_content", "enable_thinking", "object", True, True),
-    "deepseek_v31": ("deepseek_v31", "think", None, "thinking", "string", True, False),
-    "gpt_oss": ("harmony", "harmony", "thinking", "reasoning_effort", "object", False, False),
-    "llama31": ("llama3_json", None, None, None, "object", False, False),
-}
-
 
 def _profile(name: str) -> ModelProfile:
     tok = make_tokenizer(name)
@@ -28,23 +17,21 @@ def _profile(name: str) -> ModelProfile:
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_each_family_is_detected_from_its_template(name):
     p = _profile(name)
-    got = (
-        p.tool_parser,
-        p.reasoning_parser,
-        p.reasoning_field,
-        p.thinking_switch,
-        p.arguments,
-        p.parallel_tool_calls,
-        p.stop_opens_next,
-    )
-    assert got == EXPECTED[name]
+    expected = family(name).traits.profile
+    assert tuple(getattr(p, f) for f in expected._fields) == expected
     assert p.stop_tokens[0] == family(name).eos_token
     assert set(family(name).generation_eos) <= set(p.stop_tokens) <= set(p.closers)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_only_gpt_oss_refuses_content_and_reasoning_on_a_call(name):
-    assert _profile(name).call_with_content_and_reasoning == (name != "gpt_oss")
+def test_each_familys_traits_agree_with_what_its_template_allows(name):
+    """The fixture's statement of what the model does (read by every family test) and what its
+    template expects: a family that reasons has a reasoning parser, one that makes parallel
+    calls has a template that renders them."""
+    t = family(name).traits
+    assert t.parallel_calls == t.profile.parallel_tool_calls
+    assert t.reasoning == (t.profile.reasoning_parser is not None)
+    assert t.thinks_by_default <= t.reasoning
 
 
 def test_a_preamble_and_reasoning_before_a_call_render_as_one_analysis_text():

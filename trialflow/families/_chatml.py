@@ -35,7 +35,17 @@ All three: tokenizer eos ``<|im_end|>``; generation stops on ``<|im_end|>`` and 
 
 from __future__ import annotations
 
-from trialflow.families._common import HERMES_TOOLS_MACRO, SPLIT_REASONING, TEXT_MACRO, FamilyFixture
+import json
+
+from proxy.chat import ParsedOutput
+from trialflow.families._common import (
+    HERMES_TOOLS_MACRO,
+    SPLIT_REASONING,
+    TEXT_MACRO,
+    ExpectedProfile,
+    FamilyFixture,
+    FamilyTraits,
+)
 
 CONTROL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -218,8 +228,72 @@ QWEN3_CODER_TEMPLATE = (
 )
 
 
-QWEN25 = FamilyFixture("qwen25", QWEN25_TEMPLATE, CONTROL, MARKUP, "<|im_end|>", GEN_EOS, "<|endoftext|>")
-QWEN3 = FamilyFixture("qwen3", QWEN3_TEMPLATE, CONTROL, MARKUP, "<|im_end|>", GEN_EOS, "<|endoftext|>")
+def hermes_output(p: ParsedOutput, *, reasons: bool) -> tuple[str, str]:
+    """Qwen2.5 / Qwen3 (and the tiny model): a think block first (Qwen3), then text, then each
+    call as JSON in ``<tool_call>`` tags, one per line."""
+    body = (f"<think>\n{p.reasoning}\n</think>\n\n" if p.reasoning and reasons else "") + (p.content or "")
+    for i, tc in enumerate(p.tool_calls):
+        sep = "\n" if (p.content or i) else ""
+        call = json.dumps({"name": tc.name, "arguments": tc.arguments})
+        body += f"{sep}<tool_call>\n{call}\n</tool_call>"
+    return body, "<|im_end|>"
+
+
+def _qwen25_output(p: ParsedOutput, *, thinking: bool = True) -> tuple[str, str]:
+    return hermes_output(p, reasons=False)
+
+
+def _qwen3_output(p: ParsedOutput, *, thinking: bool = True) -> tuple[str, str]:
+    return hermes_output(p, reasons=True)
+
+
+def _qwen3_coder_output(p: ParsedOutput, *, thinking: bool = True) -> tuple[str, str]:
+    """Qwen3-Coder's XML calls: ``<function=NAME>`` with one ``<parameter=KEY>`` per argument."""
+    body = p.content or ""
+    for i, tc in enumerate(p.tool_calls):
+        body += "\n\n" if (i == 0 and p.content) else "\n" if i else ""
+        params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in tc.arguments.items())
+        body += f"<tool_call>\n<function={tc.name}>\n{params}</function>\n</tool_call>"
+    return body, "<|im_end|>"
+
+
+_NO_REASONING = FamilyTraits(
+    reasoning=False,
+    thinks_by_default=False,
+    parallel_calls=True,
+    text_with_calls=True,
+    profile=ExpectedProfile("hermes", None, None, None, "object", True, False, True),
+)
+QWEN25 = FamilyFixture(
+    "qwen25",
+    QWEN25_TEMPLATE,
+    CONTROL,
+    MARKUP,
+    "<|im_end|>",
+    GEN_EOS,
+    "<|endoftext|>",
+    traits=_NO_REASONING,
+    native_output=_qwen25_output,
+)
+QWEN3 = FamilyFixture(
+    "qwen3",
+    QWEN3_TEMPLATE,
+    CONTROL,
+    MARKUP,
+    "<|im_end|>",
+    GEN_EOS,
+    "<|endoftext|>",
+    traits=FamilyTraits(
+        reasoning=True,
+        thinks_by_default=True,
+        parallel_calls=True,
+        text_with_calls=True,
+        profile=ExpectedProfile(
+            "hermes", "think", "reasoning_content", "enable_thinking", "object", True, False, True
+        ),
+    ),
+    native_output=_qwen3_output,
+)
 QWEN3_CODER = FamilyFixture(
     "qwen3_coder",
     QWEN3_CODER_TEMPLATE,
@@ -228,4 +302,12 @@ QWEN3_CODER = FamilyFixture(
     "<|im_end|>",
     GEN_EOS,
     "<|endoftext|>",
+    traits=FamilyTraits(
+        reasoning=False,
+        thinks_by_default=False,
+        parallel_calls=True,
+        text_with_calls=True,
+        profile=ExpectedProfile("qwen3_coder", None, None, None, "object", True, False, True),
+    ),
+    native_output=_qwen3_coder_output,
 )

@@ -21,7 +21,10 @@
 
 from __future__ import annotations
 
-from trialflow.families._common import TEXT_MACRO, FamilyFixture
+import json
+
+from proxy.chat import ParsedOutput
+from trialflow.families._common import TEXT_MACRO, ExpectedProfile, FamilyFixture, FamilyTraits
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 CONTROL = (BOS, EOS, "<｜▁pad▁｜>")
@@ -100,6 +103,21 @@ TEMPLATE = (
 """
 )
 
+
+def _output(p: ParsedOutput, *, thinking: bool = True) -> tuple[str, str]:
+    """In thinking mode the prompt ends in ``<think>``: the model writes its reasoning and
+    closes it; then text, then the calls between ``<｜tool▁calls▁begin｜>`` markers with JSON
+    arguments."""
+    body = (f"{p.reasoning}</think>" if thinking and p.reasoning else "") + (p.content or "")
+    if p.tool_calls:
+        body += "<｜tool▁calls▁begin｜>" + "".join(
+            f"<｜tool▁call▁begin｜>{tc.name}<｜tool▁sep｜>{json.dumps(tc.arguments)}<｜tool▁call▁end｜>"
+            for tc in p.tool_calls
+        )
+        body += "<｜tool▁calls▁end｜>"
+    return body, EOS
+
+
 DEEPSEEK_V31 = FamilyFixture(
     "deepseek_v31",
     TEMPLATE,
@@ -109,4 +127,12 @@ DEEPSEEK_V31 = FamilyFixture(
     generation_eos=(EOS,),
     pad_token="<｜▁pad▁｜>",
     bos_token=BOS,
+    traits=FamilyTraits(
+        reasoning=True,
+        thinks_by_default=False,
+        parallel_calls=True,
+        text_with_calls=True,
+        profile=ExpectedProfile("deepseek_v31", "think", None, "thinking", "string", True, False, True),
+    ),
+    native_output=_output,
 )

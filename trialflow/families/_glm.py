@@ -24,7 +24,14 @@
 
 from __future__ import annotations
 
-from trialflow.families._common import SPLIT_REASONING, TEXT_MACRO, FamilyFixture
+from proxy.chat import ParsedOutput
+from trialflow.families._common import (
+    SPLIT_REASONING,
+    TEXT_MACRO,
+    ExpectedProfile,
+    FamilyFixture,
+    FamilyTraits,
+)
 
 CONTROL = (
     "<|endoftext|>",
@@ -107,6 +114,20 @@ TEMPLATE = (
 """
 )
 
+
+def _output(p: ParsedOutput, *, thinking: bool = True) -> tuple[str, str]:
+    """A think block (empty when none), text, then each call as ``<tool_call>NAME`` with
+    ``<arg_key>``/``<arg_value>`` pairs; a call turn ends on ``<|observation|>``, any other
+    on ``<|user|>`` (the next turn's opener: the model stops where the next speaker starts)."""
+    body = f"\n<think>{p.reasoning or ''}</think>" + (f"\n{p.content}" if p.content else "")
+    for tc in p.tool_calls:
+        args = "".join(
+            f"\n<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>" for k, v in tc.arguments.items()
+        )
+        body += f"\n<tool_call>{tc.name}{args}\n</tool_call>"
+    return body, "<|observation|>" if p.tool_calls else "<|user|>"
+
+
 GLM45 = FamilyFixture(
     "glm45",
     TEMPLATE,
@@ -115,4 +136,14 @@ GLM45 = FamilyFixture(
     eos_token="<|endoftext|>",
     generation_eos=("<|endoftext|>", "<|user|>", "<|observation|>"),
     pad_token="<|endoftext|>",
+    traits=FamilyTraits(
+        reasoning=True,
+        thinks_by_default=True,
+        parallel_calls=True,
+        text_with_calls=True,
+        profile=ExpectedProfile(
+            "glm45", "think", "reasoning_content", "enable_thinking", "object", True, True, True
+        ),
+    ),
+    native_output=_output,
 )

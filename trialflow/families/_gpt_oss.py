@@ -34,7 +34,10 @@ format description and the gpt-oss model card.
 
 from __future__ import annotations
 
-from trialflow.families._common import TEXT_MACRO, FamilyFixture
+import json
+
+from proxy.chat import ParsedOutput
+from trialflow.families._common import TEXT_MACRO, ExpectedProfile, FamilyFixture, FamilyTraits
 
 CONTROL = (
     "<|startoftext|>",
@@ -138,6 +141,22 @@ TEMPLATE = (
 """
 )
 
+
+def _output(p: ParsedOutput, *, thinking: bool = True) -> tuple[str, str]:
+    """The analysis channel first, then a ``commentary to=functions.NAME`` call ending in
+    ``<|call|>`` or the final channel ending in ``<|return|>``."""
+    r = p.reasoning or ""
+    body = f"<|channel|>analysis<|message|>{r}<|end|><|start|>assistant" if r else ""
+    if p.tool_calls:  # more than one is not what gpt-oss does (it stops at <|call|>), but a parser may see it
+        body += "<|call|><|start|>assistant".join(
+            f"<|channel|>commentary to=functions.{tc.name} <|constrain|>json<|message|>"
+            f"{json.dumps(tc.arguments, separators=(',', ':'))}"
+            for tc in p.tool_calls
+        )
+        return body, "<|call|>"
+    return body + f"<|channel|>final<|message|>{p.content or ''}", "<|return|>"
+
+
 GPT_OSS = FamilyFixture(
     "gpt_oss",
     TEMPLATE,
@@ -146,4 +165,14 @@ GPT_OSS = FamilyFixture(
     eos_token="<|return|>",
     generation_eos=("<|return|>", "<|endoftext|>", "<|call|>"),
     pad_token="<|endoftext|>",
+    traits=FamilyTraits(
+        reasoning=True,
+        thinks_by_default=True,
+        parallel_calls=False,
+        text_with_calls=False,
+        profile=ExpectedProfile(
+            "harmony", "harmony", "thinking", "reasoning_effort", "object", False, False, False
+        ),
+    ),
+    native_output=_output,
 )

@@ -23,7 +23,10 @@
 
 from __future__ import annotations
 
-from trialflow.families._common import TEXT_MACRO, FamilyFixture
+import json
+
+from proxy.chat import ParsedOutput
+from trialflow.families._common import TEXT_MACRO, ExpectedProfile, FamilyFixture, FamilyTraits
 
 CONTROL = (
     "<|begin_of_text|>",
@@ -103,6 +106,27 @@ TEMPLATE = (
 """
 )
 
+# Built-in tools the model calls in its python-tag form (``name.call(k="v")``, ending in <|eom_id|>).
+BUILTIN_TOOLS = ("brave_search", "wolfram_alpha")
+
+
+def _output(p: ParsedOutput, *, thinking: bool = True) -> tuple[str, str]:
+    """One JSON call ``{"name", "parameters"}`` per turn (a built-in tool in its python-tag
+    form), or plain text."""
+    calls = p.tool_calls
+    if len(calls) > 1:  # Llama-3.1 emits one call per turn; "; "-joined JSON is seen in the wild
+        return "; ".join(
+            json.dumps({"name": tc.name, "parameters": tc.arguments}) for tc in calls
+        ), "<|eot_id|>"
+    if calls:
+        (tc,) = calls
+        if tc.name in BUILTIN_TOOLS:
+            args = ", ".join(f'{k}="{v}"' for k, v in tc.arguments.items())
+            return f"<|python_tag|>{tc.name}.call({args})", "<|eom_id|>"
+        return json.dumps({"name": tc.name, "parameters": tc.arguments}), "<|eot_id|>"
+    return p.content or "", "<|eot_id|>"
+
+
 LLAMA31 = FamilyFixture(
     "llama31",
     TEMPLATE,
@@ -112,4 +136,12 @@ LLAMA31 = FamilyFixture(
     generation_eos=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
     pad_token="<|finetune_right_pad_id|>",
     bos_token="<|begin_of_text|>",
+    traits=FamilyTraits(
+        reasoning=False,
+        thinks_by_default=False,
+        parallel_calls=False,
+        text_with_calls=False,
+        profile=ExpectedProfile("llama3_json", None, None, None, "object", False, False, True),
+    ),
+    native_output=_output,
 )
