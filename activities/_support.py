@@ -5,6 +5,8 @@ non_retryable=not retryable)`` so the workflow's retry policies and its result k
 type name from trialflow/errors.py. Anything else propagates unchanged (Temporal treats
 it as retryable).
 
+`phase_network`: the workflow's `RunNetwork` as the sandbox layer's `PhaseNetwork`.
+
 Heartbeats: `heartbeating(details)` heartbeats every `interval_s` while its block runs, so
 a long blocking step (an image build in a thread) still proves the worker alive. `details`
 is called each time and may return None (heartbeat without details).
@@ -21,6 +23,15 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from trialflow.errors import TrialflowError
+from trialflow.sandbox.network import Phase, PhaseNetwork
+from workflows.shared import RunNetwork
+
+
+def phase_network(run: RunNetwork, phase: Phase) -> PhaseNetwork:
+    """The run's say in `phase`'s network (`trialflow.sandbox.network.resolve_network`)."""
+    if phase == "agent":
+        return PhaseNetwork(run.agent_default, run.agent)
+    return PhaseNetwork(run.verifier_default, run.verifier)
 
 
 def application_error(err: TrialflowError) -> ApplicationError:

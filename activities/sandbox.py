@@ -14,34 +14,60 @@ from collections.abc import Callable
 
 from temporalio import activity
 
-from activities._support import heartbeat_interval, heartbeating, typed_errors
+from activities._support import heartbeat_interval, heartbeating, phase_network, typed_errors
 from trialflow.errors import SandboxLost, TaskInvalid
 from trialflow.healthcheck import run_healthcheck
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import ExecResult, SandboxBackend
 from trialflow.sandbox.egress import Egresses
-from trialflow.sandbox.network import NetworkPolicyError, network_policy
+from trialflow.sandbox.network import PHASES, NetworkPolicyError, resolve_network
 from trialflow.scaffolds import get_scaffold
 from trialflow.storage import TrialKeys
 from trialflow.tasks import Task, load_task
-from workflows.shared import SetupInput, SetupOutput, StepPlan, TeardownInput, TeardownOutput
+from workflows.shared import (
+    RunNetwork,
+    SetupInput,
+    SetupOutput,
+    StepPlan,
+    TeardownInput,
+    TeardownOutput,
+)
 
 # Harbor lets an agent without [agent].timeout_sec run unbounded; an RL rollout needs a bound.
 DEFAULT_AGENT_TIMEOUT_S = 3600.0
 
 
-def step_plans(task: Task) -> list[StepPlan]:
-    """The steps as the workflow runs them: each step's own timeouts (`Task.step_view`)."""
+def network_modes(task: Task, run: RunNetwork) -> tuple[dict[str, str], dict[str, str]]:
+    """Each phase's effective network mode for `task` (or a step's view) under `run`, and
+    where each came from (`resolve_network`). A malformed network key is a broken task:
+    `TaskInvalid`, refused before a sandbox exists."""
+    modes: dict[str, str] = {}
+    origins: dict[str, str] = {}
+    for phase in PHASES:
+        try:
+            policy, origin = resolve_network(task, phase, phase_network(run, phase))
+        except NetworkPolicyError as err:
+            raise TaskInvalid(str(task.path), "task.toml", None, str(err)) from None
+        modes[phase], origins[phase] = policy.mode, origin
+    return modes, origins
+
+
+def step_plans(task: Task, run: RunNetwork | None = None) -> list[StepPlan]:
+    """The steps as the workflow runs them: each step's own timeouts and network
+    (`Task.step_view`)."""
     plans = []
     for step, cfg in zip(task.steps, task.config.steps or [], strict=True):
-        view = task.step_view(step.name).config
+        view = task.step_view(step.name)
+        modes, origins = network_modes(view, run or RunNetwork())
         plans.append(
             StepPlan(
                 name=step.name,
                 index=step.index,
-                agent_timeout_s=view.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S,
-                verifier_timeout_s=view.verifier.timeout_sec,
+                agent_timeout_s=view.config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S,
+                verifier_timeout_s=view.config.verifier.timeout_sec,
                 min_reward=cfg.min_reward,
+                network_modes=modes,
+                network_origins=origins,
             )
         )
     return plans
@@ -81,12 +107,12 @@ class SandboxActivities:
         started = time.monotonic()
         with typed_errors():
             task = load_task(inp.task_path)
-            try:  # a malformed network key is a broken task: refused before a sandbox exists
-                modes = {phase: network_policy(task, phase).mode for phase in ("agent", "verifier")}
-            except NetworkPolicyError as err:
-                raise TaskInvalid(str(task.path), "task.toml", None, str(err)) from None
-            if "public" in modes.values():
-                activity.logger.warning("task %s opts into network mode public: %s", task.name, modes)
+            modes, origins = network_modes(task, inp.network)
+            plans = step_plans(task, inp.network)
+            if modes["agent"] == "public" or any(p.network_modes["agent"] == "public" for p in plans):
+                activity.logger.warning(
+                    "task %s: the agent phase gets network mode public: %s", task.name, modes
+                )
             # The backend adds its own labels (managed, trial id, worker); these say more.
             labels = {**inp.labels, "trialflow.attempt": str(inp.attempt)}
             mounts = list(get_scaffold(inp.scaffold, **inp.scaffold_options).mounts()) if inp.scaffold else []
@@ -127,7 +153,9 @@ class SandboxActivities:
             network_mode=modes["agent"]
             if modes["agent"] == modes["verifier"]
             else f"agent {modes['agent']}, verifier {modes['verifier']}",
-            steps=step_plans(task),
+            network_modes=modes,
+            network_origins=origins,
+            steps=plans,
             multi_step_reward_strategy=strategy.value if strategy is not None else None,
         )
 

@@ -60,16 +60,29 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities._support import application_error, heartbeat_interval, heartbeating, typed_errors
+from activities._support import (
+    application_error,
+    heartbeat_interval,
+    heartbeating,
+    phase_network,
+    typed_errors,
+)
 from proxy.errors import InvalidRequest
 from proxy.replay import ReplayRecord
 from proxy.trajectory import Counters, Trajectory
-from trialflow.errors import InvalidSampling, ModelNotConfigured, ReplicaUnavailable, SandboxLost
+from trialflow.errors import (
+    InvalidSampling,
+    ModelNotConfigured,
+    ReplicaUnavailable,
+    SandboxLost,
+    UnsupportedFeature,
+)
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import Sandbox, SandboxBackend
 from trialflow.sandbox.egress import Egresses
 from trialflow.sandbox.network import network_policy
 from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, check_scaffold
+from trialflow.scaffolds.base import skills_problem
 from trialflow.storage import ResultStore, StoreCheckpointSink, TrialKeys, load_attempt
 from trialflow.tasks import load_task
 from workflows.shared import (
@@ -125,6 +138,9 @@ class ScaffoldActivities:
                 if inp.step is not None:
                     task = task.step_view(inp.step)
                 scaffold = check_scaffold(inp.scaffold, inp.scaffold_options)
+                skills = skills_problem(scaffold, task.config.environment.skills_dir)
+                if skills is not None:  # `run` refuses it before submitting; others may not
+                    raise UnsupportedFeature(str(task.path), [skills])
                 sandbox = await self._backend.attach(inp.sandbox_id)
             model = inp.model or self._default_model
             replay = None
@@ -150,7 +166,9 @@ class ScaffoldActivities:
                 timeout_s=inp.agent_timeout_s,
                 heartbeat=live.from_scaffold,
                 log_dir=Path(tmp),
-                env=await self._egresses.env_for(sandbox, network_policy(task, "agent")),
+                env=await self._egresses.env_for(
+                    sandbox, network_policy(task, "agent", phase_network(inp.network, "agent"))
+                ),
             )
             beats = asyncio.create_task(self._beat(live))
             trajectory: Trajectory | None = None

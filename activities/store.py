@@ -24,8 +24,9 @@ class StoreActivities:
 
     @activity.defn(name="trial.store_result")
     async def store_result(self, inp: StoreResultInput) -> StoreResultOutput:
-        result = inp.result
-        key = trial_result_key(result.batch_id, result.trial_id)
+        key = trial_result_key(inp.result.batch_id, inp.result.trial_id)
+        # The stored result names itself (a retry computes the same URI: the same bytes).
+        result = inp.result.model_copy(update={"result_uri": self._store.uri(key)})
         with typed_errors():
             uri = await asyncio.to_thread(
                 self._store.put_once,  # a retried activity writes the same bytes; nothing overwrites

@@ -12,6 +12,18 @@ agent's unchanged files.
 
 `VerifyOutput.verifier_trust` says which ("harness" / "separate").
 
+Network: the verifier phase's policy (`trialflow.sandbox.network.resolve_network`: the task's
+`[verifier]` / environment settings, Harbor's default ``public`` where it states none, the
+run's `VerifyInput.network` over both). In shared mode its egress proxy is opened only after
+the verification restart, in the restarted sandbox's new network namespace: no process of
+the agent's exists then (the restart killed its whole pid namespace; the launcher runs the
+toolchain's sleep; the image's HEALTHCHECK is disabled on every sandbox), so nothing the
+agent left can use it before test.sh starts. test.sh itself may run the agent's code
+(`pytest` importing it): that code has the verifier's network while test.sh runs, as in
+Harbor; a task that must not allow that sets `[verifier] network_mode = "no-network"`, a run
+`verifier_network = "no-network"`. After test.sh the proxy is switched to no-network, its
+open tunnels closed, so nothing test.sh left running keeps it into a next step's agent phase.
+
 A verifier timeout or a missing/unparseable reward is an OUTCOME of the trial
 (`reward_valid=False`, `reward_error` names the `VerifierError` type and message), not an
 activity failure: retrying would not change it. A lost sandbox (`SandboxLost`) or other
@@ -39,12 +51,12 @@ from pathlib import Path
 
 from temporalio import activity
 
-from activities._support import heartbeat_interval, heartbeating, typed_errors
+from activities._support import heartbeat_interval, heartbeating, phase_network, typed_errors
 from trialflow.artifacts import ArtifactRow, collect_artifacts
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import Sandbox, SandboxBackend
 from trialflow.sandbox.egress import Egresses
-from trialflow.sandbox.network import network_policy
+from trialflow.sandbox.network import NetworkPolicy, network_policy
 from trialflow.sandbox.transfer import TransferLimits
 from trialflow.separate_verifier import verify_separately
 from trialflow.storage import ResultStore, TrialKeys
@@ -80,6 +92,7 @@ class VerifyActivities:
             if inp.step is not None:  # the step's tests, verifier settings and artifacts
                 task = task.step_view(inp.step)
             keys = TrialKeys(inp.batch_id, inp.trial_id, inp.attempt, step_key)
+            policy = network_policy(task, "verifier", phase_network(inp.network, "verifier"))
             sandbox = await self._backend.attach(inp.sandbox_id)
             async with heartbeating(interval_s=heartbeat_interval()):
                 with (
@@ -91,21 +104,27 @@ class VerifyActivities:
                         manifest = await collect_artifacts(
                             sandbox, entries, Path(artifacts), self._limits.artifacts()
                         )
-                        policy = network_policy(task, "verifier")
 
                         async def egress_env(restarted: Sandbox) -> dict[str, str]:
                             # The restart gave the sandbox a new network namespace: an egress
-                            # proxy served into the old one reaches nothing now.
+                            # proxy served into the old one reaches nothing now. Opened only
+                            # now, when no process of the agent's is left (module docstring).
                             await self._egresses.close(restarted.id)
                             return await self._egresses.env_for(restarted, policy)
 
-                        result = await run_verifier(
-                            sandbox,
-                            task,
-                            env_after_restart=egress_env,
-                            timeout_s=inp.verifier_timeout_s,
-                            log_dir=Path(logs),
-                        )
+                        try:
+                            result = await run_verifier(
+                                sandbox,
+                                task,
+                                env_after_restart=egress_env,
+                                timeout_s=inp.verifier_timeout_s,
+                                log_dir=Path(logs),
+                            )
+                        finally:
+                            # What test.sh left running (it may run the agent's code) keeps
+                            # nothing of the verifier's network: every tunnel closed, nothing
+                            # new until the next phase sets its own policy.
+                            await self._egresses.env_for(sandbox, NetworkPolicy("no-network"))
                         trust: VerifierTrust = "harness"
                     else:  # a fresh verifier sandbox (the step's own, for a step)
                         done = await verify_separately(
@@ -120,6 +139,7 @@ class VerifyActivities:
                             egresses=self._egresses,
                             stop_agent=last,
                             allowance=self._limits.artifacts(),
+                            network=policy,
                         )
                         result, manifest = done.result, done.manifest
                         trust = "separate"

@@ -14,6 +14,7 @@
     │   ├── ImageUnavailable            [environment].docker_image is not present locally (never retried)
     │   ├── BaseImageUnavailable        a local base image (FROM trialflow-base) could not be made (retried)
     │   ├── SandboxStartFailed          container could not be created/started        (retried)
+    │   ├── GpusUnavailable             the task asks for more GPUs than this host has  (never retried)
     │   ├── EntrypointExited            the image's ENTRYPOINT ended the container at start (never retried)
     │   ├── HealthcheckFailed           [environment.healthcheck] failed by Harbor's rules (never retried)
     │   ├── StepSetupFailed             a step's workdir/setup.sh or [steps.healthcheck] failed: an outcome
@@ -144,6 +145,12 @@ class SandboxStartFailed(SandboxError):
     """The container could not be created or started (engine hiccup, resource limits)."""
 
     retryable = True
+
+
+class GpusUnavailable(SandboxError):
+    """The task's `gpus` exceed what this worker's host has (`trialflow.sandbox.gpus`)."""
+
+    retryable = False
 
 
 class EntrypointExited(SandboxError):

@@ -5,9 +5,11 @@
   parse failures, latency, replica), the per-segment table (prompt tokens; response tokens
   split into model tokens = mask 1, trained on, and env tokens = mask 0, masked out; policy
   versions; routed experts) and the counters.
-- `result_view(result)`: the trial's rewards, termination, error, timings and URIs.
+- `result_view(result)`: the trial's rewards, termination, error, timings, each phase's
+  network and URIs (a multi-step trial's logs per step).
 - `attempt_view(loaded)`: one attempt as `storage.load_attempt` read it (final or partial).
 - `batch_results(store, batch_id)`: every trial result stored for a batch.
+- `verifier_logs(store, result)`: the verifier's stored output (per step for a multi-step trial).
 
 Edge cases: a trajectory without turns (the agent never called the model, or the attempt
 died before its first turn) renders the tables with a "no turns" / "no segments" row; a
@@ -26,6 +28,7 @@ from rich.text import Text
 from proxy.trajectory import Trajectory
 from trialflow.display import reward_text, strip_ansi
 from trialflow.storage import AttemptRecord, LoadedAttempt, ResultStore, TrialKeys
+from trialflow.tasks import step_key
 from workflows.shared import StepResult, TrialResult
 
 TURN_COLUMNS = (
@@ -140,7 +143,19 @@ def _step_line(step: StepResult) -> str:
             head += f" {strip_ansi(step.reward_error)}"
     if step.stopped is not None:
         head += f"; stopped: {step.stopped}"
-    return head + (f"\n  {step.trajectory_uri}" if step.trajectory_uri else "")
+    uris = [u for u in (step.trajectory_uri, step.logs_uri and f"logs {step.logs_uri}") if u]
+    return head + "".join(f"\n  {u}" for u in uris)
+
+
+def _network_text(result: TrialResult) -> str:
+    """Each phase's mode and where it came from ("agent no-network (default), verifier public
+    (task)"); a result from before the per-phase fields: its one `network_mode`."""
+    if not result.network_modes:
+        return result.network_mode
+    return ", ".join(
+        f"{phase} {mode} ({result.network_origins.get(phase, '?')})"
+        for phase, mode in result.network_modes.items()
+    )
 
 
 def result_view(result: TrialResult) -> Table:
@@ -169,7 +184,9 @@ def result_view(result: TrialResult) -> Table:
         ("steps", "\n".join(_step_line(s) for s in result.step_results)),
         ("reward strategy", result.multi_step_reward_strategy or ("mean" if result.step_results else "")),
         ("trajectories", "\n".join(_attempt_line(r) for r in result.attempt_records)),
-        ("logs", result.logs_uri or ""),
+        ("network", _network_text(result)),
+        ("logs", "per step (above)" if result.step_results else result.logs_uri or ""),
+        ("result", result.result_uri or ""),
     )  # fmt: skip
     for name, value in rows:
         table.add_row(name, value)
@@ -195,14 +212,25 @@ VERIFIER_LOG_CAP = 20_000  # characters shown per file (the tail)
 def verifier_logs(store: ResultStore, result: TrialResult) -> dict[str, str]:
     """The last attempt's verifier output as stored by the verify activity: stdout, stderr
     and every file test.sh left under /logs/verifier, by name, ANSI escapes stripped, each
-    cut to its last `VERIFIER_LOG_CAP` characters. {} when nothing was stored."""
+    cut to its last `VERIFIER_LOG_CAP` characters. A multi-step trial's, step by step in the
+    order they ran, each name prefixed "step N NAME · ". {} when nothing was stored."""
     if result.attempts < 1:
         return {}
-    prefix = TrialKeys(result.batch_id, result.trial_id, result.attempts).log("verifier") + "/"
+    if not result.step_results:
+        return _logs_under(store, TrialKeys(result.batch_id, result.trial_id, result.attempts), "")
+    out: dict[str, str] = {}
+    for index, step in enumerate(result.step_results, start=1):  # they ran in order, from the first
+        keys = TrialKeys(result.batch_id, result.trial_id, result.attempts, step_key(index, step.name))
+        out.update(_logs_under(store, keys, f"step {index} {step.name} · "))
+    return out
+
+
+def _logs_under(store: ResultStore, keys: TrialKeys, label: str) -> dict[str, str]:
+    prefix = keys.log("verifier") + "/"
     out = {}
     for key in sorted(store.list_keys(prefix)):
         text = strip_ansi(store.get_bytes(key).decode("utf-8", "replace"))
         if len(text) > VERIFIER_LOG_CAP:
             text = f"[... {len(text) - VERIFIER_LOG_CAP} earlier characters cut]\n" + text[-VERIFIER_LOG_CAP:]
-        out[key[len(prefix) :]] = text
+        out[label + key[len(prefix) :]] = text
     return out

@@ -5,7 +5,8 @@ line each, so no trial is wasted on a typo (issue 13, "the first hour").
 path exists and loads (`trialflow.tasks.load_task`: invalid fields, refused Harbor
 features, compose files); the scaffold resolves with its options; `oracle` has a
 `solution/solve.sh` in every task (in a multi-step task: for every step, its own or the
-shared one); a scaffold that talks to a model gets one from the in-process worker (its
+shared one); a task's `skills_dir` has a scaffold that reads skills (oracle and nop ignore
+them); a task's `gpus` are there on the in-process worker's host; a scaffold that talks to a model gets one from the in-process worker (its
 proxy needs the model's directory and at least one replica; an external worker's own
 settings decide, so nothing is checked then); no two tasks would share a trial id; and
 the result store answers with its credentials (a probe object is written and read back).
@@ -20,9 +21,11 @@ from typing import Any
 
 from trialflow.batch import TrialIdCollision, task_labels
 from trialflow.errors import TrialflowError, UnsupportedFeature
-from trialflow.scaffolds import check_scaffold
+from trialflow.sandbox.gpus import gpu_problem
+from trialflow.scaffolds import Scaffold, check_scaffold
+from trialflow.scaffolds.base import skills_problem
 from trialflow.storage import ResultStore
-from trialflow.tasks import Task, load_task
+from trialflow.tasks import Task, gpu_requests, load_task
 
 
 def _one_line(err: BaseException) -> str:
@@ -47,13 +50,17 @@ def check_run(
     scaffold_options: dict[str, Any] | None = None,
     store: Callable[[], ResultStore] | None = None,
     model: InProcessModel | None = None,
+    host_gpus: int | None = None,
 ) -> list[str]:
-    """Problems that would make the batch fail or mislead, one line each (empty: none)."""
+    """Problems that would make the batch fail or mislead, one line each (empty: none).
+    `host_gpus`: the GPUs of the host whose engine runs the sandboxes (the in-process
+    worker's); None: not known here (an external worker refuses such a task itself)."""
     problems: list[str] = []
     if samples < 1:
         problems.append(f"--samples must be at least 1 (got {samples})")
     if not task_dirs:
         problems.append("no task directories given")
+    built: Scaffold | None = None
     try:
         built = check_scaffold(scaffold, scaffold_options)
     except TrialflowError as err:
@@ -74,6 +81,7 @@ def check_run(
             continue
         if scaffold == "oracle":
             problems.extend(_missing_solutions(task))
+        problems.extend(_host_problems(task, built, host_gpus))
     try:
         task_labels(existing)
     except TrialIdCollision as err:
@@ -81,6 +89,21 @@ def check_run(
     if store is not None:
         problems.extend(_check_store(store))
     return problems
+
+
+def _host_problems(task: Task, scaffold: Scaffold | None, host_gpus: int | None) -> list[str]:
+    """What this task needs of the scaffold (skills) and of the sandboxes' host (GPUs)."""
+    out = []
+    skills = skills_problem(scaffold, task.config.environment.skills_dir) if scaffold is not None else None
+    if skills is not None:
+        out.append(f"{task.path}: {skills}")
+    if host_gpus is None:
+        return out
+    for where, count in gpu_requests(task.config):
+        problem = gpu_problem(where, count, host_gpus)
+        if problem is not None:
+            out.append(f"{task.path}: {problem}")
+    return out
 
 
 def _missing_model(scaffold: str, model: InProcessModel) -> list[str]:

@@ -40,7 +40,7 @@ from pathlib import Path
 from trialflow.artifacts import ArtifactRow, collect_artifacts, upload_artifacts
 from trialflow.sandbox.base import Sandbox, SandboxBackend
 from trialflow.sandbox.egress import Egresses
-from trialflow.sandbox.network import network_policy
+from trialflow.sandbox.network import NetworkPolicy, network_policy
 from trialflow.sandbox.transfer import Allowance
 from trialflow.tasks import Task
 from trialflow.verifier import VerifierResult, run_tests
@@ -65,13 +65,15 @@ async def verify_separately(
     egresses: Egresses | None = None,
     stop_agent: bool = True,
     allowance: Allowance | None = None,
+    network: NetworkPolicy | None = None,
 ) -> SeparateVerification:
     """Verify `agent`'s work for `task` in a fresh verifier sandbox (module docstring).
     `artifacts_dir` receives the collected artifacts (its manifest is returned);
     `log_dir`, `timeout_s` as `run_tests`; `stop_agent` False leaves the agent's processes
     running (step 1 of the module docstring); `allowance`: the artifacts' budget
     (`collect_artifacts`; over it, `OutputBudgetExceeded` before any verifier sandbox is
-    made). Raises what the backend raises for
+    made); `network`: the verifier phase's policy (None: the task's, under the default run
+    choices, `network_policy`). Raises what the backend raises for
     infrastructure failures (SandboxLost, SandboxStartFailed, ImageUnavailable, ...)."""
     separate = task.separate_verifier
     if separate is None:
@@ -84,7 +86,8 @@ async def verify_separately(
     verifier = await backend.create(task, trial_id=f"{trial_id}-verifier", labels=labels, verifier_for=agent)
     try:
         await verifier.start()
-        env = await egresses.env_for(verifier, network_policy(task, "verifier"))
+        policy = network if network is not None else network_policy(task, "verifier")
+        env = await egresses.env_for(verifier, policy)
         await upload_artifacts(verifier, entries, manifest, artifacts_dir)
         result = await run_tests(
             verifier,

@@ -16,7 +16,7 @@ the proxy's entry points hand it to harmony (`proxy.parsers.use_vocabulary`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,6 +26,7 @@ from trialflow.viewer._urls import DEFAULT_TEMPORAL_UI_URL, DEFAULT_VIEWER_URL
 if TYPE_CHECKING:
     from trialflow.sandbox.policy import SandboxPolicy
     from trialflow.sandbox.transfer import TransferLimits
+    from workflows.shared import RunNetwork
 
 # Where `python -m infra.tiktoken_vocab` (run by infra/setup.sh) writes o200k_base.tiktoken.
 DEFAULT_HARMONY_VOCAB_DIR = Path(__file__).resolve().parents[1] / ".cache" / "tiktoken"
@@ -112,6 +113,15 @@ class TrialflowSettings(BaseSettings):
     viewer_url: str = DEFAULT_VIEWER_URL
     temporal_ui_url: str = DEFAULT_TEMPORAL_UI_URL
 
+    # Each phase's network (trialflow.sandbox.network): the mode where a task states no network
+    # baseline (agent: no-network, for training, where Harbor's is public; verifier: public, as
+    # Harbor's), and a mode forced whatever the task states (None: the task's). `run` flags
+    # --agent-network(-default) / --verifier-network(-default) override them per run.
+    agent_network: Literal["no-network", "public"] | None = None
+    agent_network_default: Literal["no-network", "public"] = "no-network"
+    verifier_network: Literal["no-network", "public"] | None = None
+    verifier_network_default: Literal["no-network", "public"] = "public"
+
     max_concurrent_trials: int = Field(default=4, gt=0)
     metrics_port: int = 0
     worker_id: str | None = None
@@ -128,6 +138,16 @@ class TrialflowSettings(BaseSettings):
             read_only_root=self.sandbox_read_only_root,
             seccomp_profile=self.sandbox_seccomp_profile,
             runtime=self.sandbox_runtime,
+        )
+
+    def run_network(self) -> RunNetwork:
+        from workflows.shared import RunNetwork
+
+        return RunNetwork(
+            agent=self.agent_network,
+            agent_default=self.agent_network_default,
+            verifier=self.verifier_network,
+            verifier_default=self.verifier_network_default,
         )
 
     def transfer_limits(self) -> TransferLimits:

@@ -127,15 +127,11 @@ def _environment_refusals(env: EnvironmentConfig, where: str) -> list[str]:
     out = []
     if env.os != TaskOS.LINUX:
         out.append(f"{where}.os = {env.os.value!r}: only Linux containers run here")
-    if env.gpus:
-        out.append(f"{where}.gpus = {env.gpus}: sandboxes get no GPUs")
     if env.tpu is not None:
         out.append(f"{where}.tpu: sandboxes get no TPUs")
     if env.mcp_servers:
         names = ", ".join(s.name for s in env.mcp_servers)
         out.append(f"[[{where.strip('[]')}.mcp_servers]] ({names}): MCP servers are not passed to scaffolds")
-    if env.skills_dir is not None:
-        out.append(f"{where}.skills_dir: skills are not copied into scaffolds' config")
     for key, value in (
         ("build_timeout_sec", env.build_timeout_sec),
         ("cpus", env.cpus),
@@ -172,6 +168,15 @@ def unsupported_features(config: TaskConfig) -> list[str]:
         if value is not None and not (math.isfinite(value) and value > 0):
             out.append(f"{where} = {value}: must be a positive number")
     return out
+
+
+def gpu_requests(config: TaskConfig) -> list[tuple[str, int]]:
+    """Every environment of the task that asks for GPUs, as (section, count): the agent's,
+    the separate verifier's, each step's separate verifier's (`trialflow.sandbox.gpus`)."""
+    envs = [("[environment]", config.environment), ("[verifier.environment]", config.verifier.environment)]
+    for step in config.steps or []:
+        envs.append((f"[[steps]] {step.name!r}: [steps.verifier.environment]", step.verifier.environment))
+    return [(where, env.gpus) for where, env in envs if env is not None and env.gpus]
 
 
 def step_verifier_mode(config: TaskConfig, step: StepConfig) -> VerifierEnvironmentMode:
@@ -269,7 +274,12 @@ class TaskStep(BaseModel):
     def key(self) -> str:
         """The step's folder in the store and in ids: index + a safe form of the name
         (two names that differ only in unsafe characters stay apart)."""
-        return f"{self.index}-{_safe(self.name)}"
+        return step_key(self.index, self.name)
+
+
+def step_key(index: int, name: str) -> str:
+    """`TaskStep.key` of the `index`-th (1-based) step named `name`."""
+    return f"{index}-{_safe(name)}"
 
 
 def _safe(text: str) -> str:

@@ -119,6 +119,25 @@ class Sampling(BaseModel):
         return out
 
 
+# A mode a run may choose for a phase (an allowlist needs the task's hosts).
+RunNetworkMode = Literal["no-network", "public"]
+
+
+class RunNetwork(BaseModel):
+    """The run's say in each phase's network (`trialflow.sandbox.network.resolve_network`):
+    `agent_default` / `verifier_default` where a task states no network baseline (agent
+    no-network, for training; verifier public, Harbor's default), `agent` / `verifier` a mode
+    forced whatever the task states (None: the task decides). Settings `agent_network`,
+    `agent_network_default`, `verifier_network`, `verifier_network_default`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agent: RunNetworkMode | None = None
+    agent_default: RunNetworkMode = "no-network"
+    verifier: RunNetworkMode | None = None
+    verifier_default: RunNetworkMode = "public"
+
+
 class TrialSpec(BaseModel):
     """Everything one trial needs. The workflow input.
 
@@ -163,6 +182,7 @@ class TrialSpec(BaseModel):
     heartbeat_timeout_s: float = 30.0
     host_schedule_timeout_s: float = 120.0
     metadata: dict[str, str] = Field(default_factory=dict)
+    network: RunNetwork = Field(default_factory=RunNetwork)  # each phase's network: RunNetwork
 
     @property
     def trial_id(self) -> str:
@@ -277,6 +297,9 @@ class StepResult(TrialCounters):
     logs_uri: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     verifier_trust: VerifierTrust | None = None
+    # The step's own phases' network (a step may override the task's): as TrialResult's.
+    network_modes: dict[str, str] = Field(default_factory=dict)
+    network_origins: dict[str, str] = Field(default_factory=dict)
 
 
 class TrialResult(TrialCounters):
@@ -297,8 +320,13 @@ class TrialResult(TrialCounters):
     reward_valid: bool = False
     reward_error: str | None = None
     termination_reason: Termination
-    # The sandbox's network mode (trialflow.sandbox.network); "public" is an explicit opt-in.
+    # The sandbox's network mode (trialflow.sandbox.network): one mode, or "agent X, verifier Y".
     network_mode: str = "no-network"
+    # Each phase's effective mode, by phase ("agent", "verifier"), and where it came from:
+    # "task" (the task states it), "default" (the run's default: the task states none), "run"
+    # (forced by the run). Empty: a result recorded before these fields.
+    network_modes: dict[str, str] = Field(default_factory=dict)
+    network_origins: dict[str, str] = Field(default_factory=dict)
     # Where test.sh ran (VERIFIER_TRUST); None: not verified. A multi-step trial: the weakest
     # of its steps' ("harness" if any step was verified in the agent's sandbox).
     verifier_trust: VerifierTrust | None = None
@@ -368,6 +396,7 @@ class SetupInput(BaseModel):
     scaffold: str | None = None  # the scaffold may need host mounts in the sandbox
     scaffold_options: dict[str, Any] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
+    network: RunNetwork = Field(default_factory=RunNetwork)
 
 
 class StepPlan(BaseModel):
@@ -378,6 +407,8 @@ class StepPlan(BaseModel):
     agent_timeout_s: float
     verifier_timeout_s: float
     min_reward: float | dict[str, float] | None = None
+    network_modes: dict[str, str] = Field(default_factory=dict)  # as SetupOutput's, the step's own
+    network_origins: dict[str, str] = Field(default_factory=dict)
 
 
 class SetupOutput(BaseModel):
@@ -392,6 +423,8 @@ class SetupOutput(BaseModel):
     seconds: float
     # trialflow.sandbox.network: "no-network" | "allowlist" | "public" (or the two phases').
     network_mode: str = "no-network"
+    network_modes: dict[str, str] = Field(default_factory=dict)  # TrialResult.network_modes
+    network_origins: dict[str, str] = Field(default_factory=dict)
     steps: list[StepPlan] = Field(default_factory=list)
     multi_step_reward_strategy: str | None = None
 
@@ -434,6 +467,7 @@ class ScaffoldInput(BaseModel):
     # replays while the scaffold's requests match them (proxy.replay); None: all live.
     replay_from: AttemptRecord | None = None
     step: str | None = None  # a multi-step task's step: its instruction, solution, store keys
+    network: RunNetwork = Field(default_factory=RunNetwork)
 
 
 class ScaffoldOutput(TrialCounters):
@@ -466,6 +500,7 @@ class VerifyInput(BaseModel):
     task_path: str
     verifier_timeout_s: float
     step: str | None = None  # a multi-step task's step: its tests, verifier settings, store keys
+    network: RunNetwork = Field(default_factory=RunNetwork)
 
 
 class VerifyOutput(BaseModel):

@@ -164,6 +164,8 @@ class _Tally:
     verify: VerifyOutput | None = None
     attempts: int = 0
     network_mode: str = "no-network"
+    network_modes: dict[str, str] = field(default_factory=dict)
+    network_origins: dict[str, str] = field(default_factory=dict)
     steps: list[StepResult] = field(default_factory=list)  # the finishing attempt's (multi-step)
     strategy: str | None = None
 
@@ -306,6 +308,7 @@ class TrialWorkflow:
                 scaffold=spec.scaffold,
                 scaffold_options=spec.scaffold_options,
                 labels={"trialflow.batch": spec.batch_id},
+                network=spec.network,
             ),
             summary=activity_summary("setup", attempt, spec),
             task_queue=setup_queue(workflow.info().task_queue),
@@ -315,6 +318,7 @@ class TrialWorkflow:
         )
         self._progress.host_queue = setup.host_queue
         tally.network_mode = setup.network_mode
+        tally.network_modes, tally.network_origins = setup.network_modes, setup.network_origins
         # Until the scaffold reports, the attempt's checkpoints are all there is.
         tally.attempt_records.append(AttemptRecord.begun(attempt, setup.attempt_uri))
         try:
@@ -388,6 +392,7 @@ class TrialWorkflow:
                 max_response_tokens=spec.max_response_tokens,
                 replay_from=replay_from,
                 step=step.name if step else None,
+                network=spec.network,
             ),
             summary=activity_summary("scaffold", attempt, spec, note=_step_note(setup, step)),
             start_to_close_timeout=timedelta(seconds=agent_timeout) + SCAFFOLD_GRACE,
@@ -421,6 +426,7 @@ class TrialWorkflow:
                 task_path=spec.task_path,
                 verifier_timeout_s=timeout_s,
                 step=step.name if step else None,
+                network=spec.network,
             ),
             summary=activity_summary("verify", attempt, spec, note=_step_note(setup, step)),
             start_to_close_timeout=timedelta(seconds=timeout_s) + VERIFY_GRACE,
@@ -493,6 +499,8 @@ class TrialWorkflow:
             trajectory_uri=scaffold.trajectory_uri,
             logs_uri=scaffold.logs_uri,
             timings=timings,
+            network_modes=plan.network_modes,
+            network_origins=plan.network_origins,
         )
 
     async def _run_phase(
@@ -615,6 +623,8 @@ class TrialWorkflow:
             reward_error=verify.reward_error if verify else None,
             termination_reason=termination,
             network_mode=tally.network_mode,
+            network_modes=tally.network_modes,
+            network_origins=tally.network_origins,
             verifier_trust=verify.verifier_trust if verify else None,
             **counters,
             generated_turns=scaffold.turns - scaffold.replayed_turns if scaffold else 0,

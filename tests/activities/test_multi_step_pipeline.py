@@ -21,6 +21,7 @@ import pytest
 from tests._worker_fixtures import worker_settings
 from trialflow import batch
 from trialflow.display import steps_text
+from trialflow.inspection import verifier_logs
 from trialflow.settings import TrialflowSettings
 from trialflow.storage import TrialKeys, open_store
 from workflows.shared import TrialResult
@@ -87,6 +88,12 @@ async def test_oracle_passes_every_step_of_the_sample(client, settings, worker, 
     assert "hits=5/5 exact=1" in store.get_bytes(keys.log("verifier/stdout.txt")).decode()
     stored = TrialResult.model_validate_json(store.get_bytes(r.result_uri or ""))
     assert stored.step_results == r.step_results
+    assert stored.result_uri == r.result_uri  # the stored result names itself
+    # `inspect` and the report show every step's verifier output, not only the last one's.
+    logs = verifier_logs(store, r)
+    assert "hits=5/5 exact=1" in logs["step 2 count · stdout.txt"]
+    assert {name.split(" · ")[0] for name in logs} == {"step 1 filter", "step 2 count", "step 3 summary"}
+    assert all(s.network_modes == {"agent": "no-network", "verifier": "public"} for s in r.step_results)
 
 
 async def test_gate_strategy_and_step_setup_rules(client, settings, worker, no_leaked_sandboxes, tmp_path):

@@ -87,6 +87,51 @@ def test_verifier_output_in_inspect_and_report(tmp_path):
     )
 
 
+def test_a_multi_step_trials_verifier_output_step_by_step(tmp_path):
+    """Each step's verifier output under its own name (in the order the steps ran), each
+    step's logs named; the stored result names itself and each phase's network."""
+    store = LocalStore(tmp_path / "store")
+    steps = [
+        StepResult(name="plan", reward_valid=True, reward=1.0, rewards={"reward": 1.0},
+                   termination_reason="submitted", logs_uri="file:///s/1-plan/logs/"),
+        StepResult(name="build it", reward_valid=True, reward=0.0, rewards={"reward": 0.0},
+                   termination_reason="submitted", logs_uri="file:///s/2-build_it/logs/"),
+    ]  # fmt: skip
+    r = _r(step_results=steps, result_uri="file:///s/result.json",
+           network_modes={"agent": "no-network", "verifier": "public"},
+           network_origins={"agent": "default", "verifier": "task"})  # fmt: skip
+    store.put_bytes(trial_result_key("b", r.trial_id), r.model_dump_json().encode())
+    for key, text in (("1-plan", "plan graded"), ("2-build_it", "build \x1b[31mfailed\x1b[0m")):
+        store.put_bytes(TrialKeys("b", r.trial_id, 1, key).log("verifier/stdout.txt"), text.encode())
+    store.put_bytes(TrialKeys("b", r.trial_id, 1, "2-build_it").log("verifier/files/junit.xml"), b"<x/>")
+    logs = verifier_logs(store, r)
+    assert list(logs) == [
+        "step 1 plan · stdout.txt",
+        "step 2 build it · files/junit.xml",
+        "step 2 build it · stdout.txt",
+    ]
+    assert logs["step 2 build it · stdout.txt"] == "build failed"
+    html = render_report([r], verifier_logs={r.trial_id: logs})
+    assert "step 1 plan · stdout.txt" in html and "plan graded" in html
+    out = CliRunner().invoke(
+        app,
+        ["inspect", r.trial_id, "--batch-id", "b", "--store-dir", str(tmp_path / "store")],
+        env={"COLUMNS": "200"},
+    )
+    assert out.exit_code == 0, out.output
+    for seen in (
+        "verifier: step 1 plan · stdout.txt",
+        "plan graded",
+        "verifier: step 2 build it · stdout.txt",
+        "logs file:///s/1-plan/logs/",
+        "logs file:///s/2-build_it/logs/",
+        "per step (above)",
+        "file:///s/result.json",
+        "agent no-network (default), verifier public (task)",
+    ):
+        assert seen in out.output, seen
+
+
 def test_unknown_ids_give_one_line(tmp_path):
     store_dir = str(_store_with_logs(tmp_path).root)
     out = CliRunner().invoke(app, ["inspect", "trial-nope", "--batch-id", "b", "--store-dir", store_dir])

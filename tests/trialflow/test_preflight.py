@@ -30,13 +30,15 @@ def test_every_problem_one_line(tmp_path):
     gpu = _copy(tmp_path, "gpu")
     (gpu / "task.toml").write_text((gpu / "task.toml").read_text() + "gpus = 1\n")
     a, b = _copy(tmp_path, "x/dup"), _copy(tmp_path, "y/dup")
-    problems = check_run([tmp_path / "missing", no_solution, gpu, a, a, b], "oracle", samples=0, store=None)
+    problems = check_run(
+        [tmp_path / "missing", no_solution, gpu, a, a, b], "oracle", samples=0, store=None, host_gpus=0
+    )
     text = "\n".join(problems)
     assert all("\n" not in p for p in problems)
     assert "--samples must be at least 1 (got 0)" in text
     assert "missing: no such task directory" in text
     assert "solution/solve.sh is missing" in text
-    assert "[environment].gpus = 1: sandboxes get no GPUs" in text
+    assert "[environment].gpus = 1: this host has no GPUs (the NVIDIA driver lists 0)" in text
     assert "given twice" in text
     assert len(problems) == 5
 
@@ -129,3 +131,31 @@ def test_cli_run_attempts_is_a_deprecated_name_of_samples(tmp_path):
     assert "--samples must be at least 1 (got 0)" in " ".join(result.output.split())
     help_text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
     assert "--samples" in help_text and "--attempts" not in help_text
+
+
+def test_gpus_are_checked_against_the_host_that_runs_the_sandboxes(tmp_path):
+    gpu = _copy(tmp_path, "gpu")
+    (gpu / "task.toml").write_text((gpu / "task.toml").read_text() + "gpus = 2\n")
+    assert check_run([gpu], "oracle", samples=1, host_gpus=2) == []
+    assert check_run([gpu], "oracle", samples=1, host_gpus=None) == []  # an external worker decides
+    [problem] = check_run([gpu], "oracle", samples=1, host_gpus=1)
+    assert problem == f"{gpu}: [environment].gpus = 2: this host has only 1 GPU (the NVIDIA driver lists 1)"
+
+
+def test_skills_need_a_scaffold_that_reads_them(tmp_path):
+    """As Harbor: oracle and nop ignore a task's skills_dir, claude-code reads it, any other
+    model-driven scaffold refuses the task."""
+    skills = _copy(tmp_path, "skills")
+    toml = (
+        (skills / "task.toml")
+        .read_text()
+        .replace("[environment]\n", '[environment]\nskills_dir = "/skills"\n')
+    )
+    (skills / "task.toml").write_text(toml)
+    assert check_run([skills], "oracle", samples=1) == []
+    assert check_run([skills], "nop", samples=1) == []
+    assert check_run([skills], "claude-code", samples=1) == []
+    [problem] = check_run([skills], "opencode", samples=1)
+    assert problem == (
+        f"{skills}: [environment].skills_dir = '/skills': scaffold opencode does not read skills (claude-code does)"
+    )

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tests._hypothesis import examples
 from tests.trialflow.conftest import EXAMPLES, SAMPLE_TASKS
 from trialflow.errors import TaskInvalid, UnsupportedEnvironment, UnsupportedFeature
-from trialflow.tasks import hash_tree, load_task, parse_size_mb
+from trialflow.tasks import gpu_requests, hash_tree, load_task, parse_size_mb
 
 
 def make_task(
@@ -334,17 +334,10 @@ def _toml_value(v) -> str:
     ("toml", "names"),
     [
         ('[environment]\nos = "Windows"\n', "[environment].os"),
-        ("[environment]\ngpus = 1\n", "[environment].gpus"),
         ('[environment]\ntpu = { type = "v6e", topology = "2x2" }\n', "[environment].tpu"),
         ('[[environment.mcp_servers]]\nname = "db"\nurl = "http://x/sse"\n', "mcp_servers"),
-        ('[environment]\nskills_dir = "/skills"\n', "skills_dir"),
-        (
-            '[[steps]]\nname = "one"\n[steps.verifier.environment]\ngpus = 1\n',
-            "'one': [steps.verifier.environment].gpus = 1: sandboxes get no GPUs",
-        ),
         ('[[steps]]\nname = "one"\n[steps.agent]\ntimeout_sec = 0\n', "'one' agent.timeout_sec"),
         ('[[steps]]\nname = "one"\n[[steps.verifier.collect]]\ncommand = "true"\n', "collect"),
-        ("[verifier.environment]\ngpus = 1\n", "[verifier.environment].gpus"),
         ('[verifier.environment]\nworkdir = "rel"\n', "[verifier.environment].workdir"),
         ('[verifier.environment]\nos = "windows"\n', "[verifier.environment].os"),
         ('[[verifier.collect]]\ncommand = "true"\n', "[[verifier.collect]]"),
@@ -355,6 +348,10 @@ def _toml_value(v) -> str:
         ('[environment]\nmemory = "-1G"\n', "[environment].memory_mb"),
         ("[environment]\ncpus = -2\n", "[environment].cpus"),
         ('[environment]\nworkdir = "relative/dir"\n', "[environment].workdir"),
+        (
+            '[[steps]]\nname = "one"\n[steps.verifier.environment]\nos = "windows"\n',
+            "'one': [steps.verifier.environment].os",
+        ),
     ],
 )
 def test_refused_features_are_named(tmp_path, toml, names):
@@ -365,10 +362,32 @@ def test_refused_features_are_named(tmp_path, toml, names):
 
 
 def test_every_refusal_is_listed_at_once(tmp_path):
-    toml = '[environment]\ngpus = 2\nskills_dir = "/s"\n[[steps]]\nname = "a"\n[steps.verifier]\ntimeout_sec = -1\n'
+    toml = '[environment]\nos = "windows"\ncpus = -1\n[[steps]]\nname = "a"\n[steps.verifier]\ntimeout_sec = -1\n'
     with pytest.raises(UnsupportedFeature) as exc:
         load_task(make_task(tmp_path / "t", toml, instruction=None))  # refusal before missing files
     assert len(exc.value.features) == 3
+
+
+def test_gpus_and_skills_load_and_each_gpu_request_is_named(tmp_path):
+    """GPUs and skills are the host's and the scaffold's to give (trialflow.preflight), not
+    refused at load; every environment asking for GPUs is named."""
+    toml = (
+        '[environment]\ngpus = 2\ngpu_types = ["H100"]\nskills_dir = "/skills"\n'
+        "[verifier.environment]\ngpus = 1\n"
+        '[[steps]]\nname = "one"\n[steps.verifier.environment]\ngpus = 4\n[[steps]]\nname = "two"\n'
+    )
+    root = make_task(tmp_path / "t", toml, instruction=None)
+    for step in ("one", "two"):
+        (root / "steps" / step).mkdir(parents=True)
+        (root / "steps" / step / "instruction.md").write_text("Do it.\n")
+    task = load_task(root)
+    assert task.config.environment.skills_dir == "/skills"
+    assert gpu_requests(task.config) == [
+        ("[environment]", 2),
+        ("[verifier.environment]", 1),
+        ("[[steps]] 'one': [steps.verifier.environment]", 4),
+    ]
+    assert gpu_requests(load_task(make_task(tmp_path / "z", "[environment]\ngpus = 0\n")).config) == []
 
 
 def test_network_fields_resolve_per_phase(tmp_path):

@@ -27,10 +27,21 @@ from trialflow.cli._app import (
 from trialflow.cli._views import results_table, status_table, trial_progress
 from trialflow.errors import UnknownScaffold
 from trialflow.preflight import InProcessModel, check_run
+from trialflow.sandbox.gpus import host_gpus
 from trialflow.scaffolds.registry import parse_scaffold_options, register_scaffold
 from trialflow.settings import TrialflowSettings
 from trialflow.storage import open_store
-from workflows.shared import TrialResult, TrialSpec
+from workflows.shared import RunNetworkMode, TrialResult, TrialSpec
+
+# The run's say in each phase's network (trialflow.sandbox.network; None: the settings').
+ForcedNetworkOpt = Annotated[
+    RunNetworkMode | None,
+    typer.Option(help="the phase's mode whatever the task states", show_default=False),
+]
+DefaultNetworkOpt = Annotated[
+    RunNetworkMode | None,
+    typer.Option(help="the phase's mode where the task states none", show_default=False),
+]
 
 
 @contextlib.asynccontextmanager
@@ -126,9 +137,17 @@ def run(
     store_dir: StoreDirOpt = None,
     replicas: ReplicaOpt = None,
     model_dir: ModelDirOpt = None,
+    agent_network: ForcedNetworkOpt = None,
+    agent_network_default: DefaultNetworkOpt = None,
+    verifier_network: ForcedNetworkOpt = None,
+    verifier_network_default: DefaultNetworkOpt = None,
 ) -> None:
     """Run SAMPLES trials of every task with SCAFFOLD, as one batch of Temporal workflows
-    (each trial gets up to MAX_RESTARTS new-sandbox attempts)."""
+    (each trial gets up to MAX_RESTARTS new-sandbox attempts).
+
+    Network per phase: the task's; where it states none, --agent-network-default (no-network)
+    and --verifier-network-default (public, Harbor's default); --agent-network /
+    --verifier-network force a phase's mode whatever the task states."""
     if attempts is not None:  # --attempts meant samples, not a trial's attempts
         console.print("[yellow]warning:[/] --attempts is deprecated: use --samples", highlight=False)
         samples = attempts
@@ -140,6 +159,10 @@ def run(
         store_dir=store_dir,
         replicas=replicas,
         model_dir=model_dir,
+        agent_network=agent_network,
+        agent_network_default=agent_network_default,
+        verifier_network=verifier_network,
+        verifier_network_default=verifier_network_default,
     )
     batch_id = batch_id or uuid.uuid4().hex[:10]
     scaffold = scaffold or settings.scaffold
@@ -156,6 +179,7 @@ def run(
         scaffold_options=options,
         store=lambda: open_store(settings),
         model=None if external_worker else InProcessModel(settings.model_dir, settings.replica_urls),
+        host_gpus=None if external_worker else host_gpus(),
     )
     if problems:
         for line in problems:
@@ -172,6 +196,7 @@ def run(
             agent_timeout_s=agent_timeout,
             model=settings.model_name,
             scaffold_options=options,
+            network=settings.run_network(),
         )
     except UnknownScaffold as err:
         raise typer.BadParameter(str(err), param_hint="--scaffold") from None

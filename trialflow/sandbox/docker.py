@@ -11,7 +11,9 @@ busybox) bind-mounted read-only and the launcher as ENTRYPOINT (`trialflow.sandb
 at the first start the image's ENTRYPOINT runs as Harbor runs it, with `sh -c "exec sleep
 infinity"` as its arguments in place of the image's CMD (`KEEPALIVE_COMMAND`), and `start()`
 refuses a container whose entrypoint exited; the verification restart
-(`DockerSandbox.restart_for_verification`) starts it with the toolchain's sleep instead; limits only where task.toml sets them, as in Harbor
+(`DockerSandbox.restart_for_verification`) starts it with the toolchain's sleep instead; the
+image's HEALTHCHECK is disabled (the engine would exec it in the sandbox on its own, also while
+the verifier has network); limits only where task.toml sets them, as in Harbor
 (`nano_cpus` = cpus clamped to the host's CPUs, `mem_limit` = memory_mb with no extra swap), hardened by the
 backend's `SandboxPolicy` (`docker_create_options`: pids limit, no-new-privileges, dropped
 capabilities, optional read-only root and runtime). `storage_mb` is enforced only where
@@ -48,8 +50,14 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
-from trialflow.errors import ImageUnavailable, SandboxLost, SandboxStartFailed, TaskEnvMissing
-from trialflow.sandbox import seccomp, toolchain
+from trialflow.errors import (
+    GpusUnavailable,
+    ImageUnavailable,
+    SandboxLost,
+    SandboxStartFailed,
+    TaskEnvMissing,
+)
+from trialflow.sandbox import gpus, seccomp, toolchain
 from trialflow.sandbox.base import ImageInfo, Mount, ReapReport, Sandbox, SandboxBackend
 from trialflow.sandbox.docker_images import BaseImageMaker, DockerImages, dockerfile_bases
 from trialflow.sandbox.docker_sandbox import DockerSandbox
@@ -112,6 +120,7 @@ class DockerBackend(SandboxBackend):
         policy: SandboxPolicy | None = None,
         limits: TransferLimits | None = None,
         toolchain: Path = toolchain.HOST_BUSYBOX,
+        host_gpus: int | None = None,
     ) -> None:
         self.client = client
         # budgets of downloads (trialflow.sandbox.transfer); the log limits unless a caller
@@ -125,6 +134,7 @@ class DockerBackend(SandboxBackend):
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="tf-docker")
         self.images = DockerImages(client, self._run, base_images)
         self._host_cpus: float | None = None
+        self._host_gpus = host_gpus  # None: the NVIDIA driver's count, read when first needed
         self._storage_quota: bool | None = None
         self._toolchain = toolchain
         self._toolchain_checked = False
@@ -154,6 +164,12 @@ class DockerBackend(SandboxBackend):
         if self._host_cpus is None:
             self._host_cpus = float(self.client.info().get("NCPU") or os.cpu_count() or 1)
         return self._host_cpus
+
+    def host_gpus(self) -> int:
+        """GPUs this engine's host can give sandboxes (`trialflow.sandbox.gpus.host_gpus`)."""
+        if self._host_gpus is None:
+            self._host_gpus = gpus.host_gpus()
+        return self._host_gpus
 
     def _supports_storage_quota(self) -> bool:
         """overlay2 takes `storage_opt size` only on xfs with project quotas (checked once)."""
@@ -243,6 +259,10 @@ class DockerBackend(SandboxBackend):
             "labels": self.container_labels(task, trial_id, labels),
             "environment": environment,
             "working_dir": envcfg.workdir,
+            # The engine would exec the image's HEALTHCHECK in the sandbox on its own schedule,
+            # also during verification with the verifier's network: a command from the files
+            # the agent rewrote. Harbor gates on [environment.healthcheck], run by the harness.
+            "healthcheck": {"test": ["NONE"]},
         }
         if envcfg.workdir is None:
             del kwargs["working_dir"]
@@ -254,6 +274,18 @@ class DockerBackend(SandboxBackend):
             kwargs["nano_cpus"] = int(min(envcfg.cpus, cpus) * 1e9)
         if envcfg.memory_mb is not None:
             kwargs["mem_limit"] = kwargs["memswap_limit"] = f"{envcfg.memory_mb}m"
+        if envcfg.gpus:  # Harbor: an NVIDIA device request for that many; gpu_types cannot be honoured
+            where = "[environment]" if verifier_for is None else "[verifier.environment]"
+            problem = gpus.gpu_problem(where, envcfg.gpus, await self._run(self.host_gpus))
+            if problem is not None:
+                raise GpusUnavailable(f"task {task.name}: {problem}")
+            if envcfg.gpu_types:
+                log.warning(
+                    "task %s: gpu_types %s ignored: the engine cannot pick a GPU model",
+                    task.name,
+                    envcfg.gpu_types,
+                )
+            kwargs["device_requests"] = gpus.device_requests(envcfg.gpus)
         storage = envcfg.storage_mb if await self._run(self._supports_storage_quota) else None
         hardening = docker_create_options(self.policy, workdir=envcfg.workdir, storage_mb=storage)
         kwargs.update(hardening)

@@ -10,7 +10,8 @@ name, listed or not, only to global addresses that are not the worker's own), an
 checked address is the one dialled (the name is never resolved twice: DNS rebinding);
 anything else is answered ``403`` (policy), ``400`` (not a proxy request) or ``502``
 (unreachable) and closed. Every decision is logged; `EgressProxy.log` keeps them for the
-trial's logs. The policy can change between phases (`set_policy`, e.g. the verifier's).
+trial's logs. The policy can change between phases (`set_policy`, e.g. the verifier's);
+a change ends the connections open under the old one.
 
 Limits (`EgressLimits`), so one sandbox cannot take the worker's file descriptors (each
 tunnel holds two: the sandbox's side and the upstream's): at most `max_connections`
@@ -115,9 +116,17 @@ class EgressProxy:
         self._accepting: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._ended: set[asyncio.Task[None]] = set()  # cancelled by `set_policy`: end quietly
         self.port = 0
 
     def set_policy(self, policy: NetworkPolicy) -> None:
+        """Switch to `policy` for every later request. A different policy also ends every
+        connection open now (tunnels included): what a phase allowed is not kept into the next
+        (a tunnel a verifier's process opened under ``public`` into an agent's no-network)."""
+        if policy != self.policy:
+            for task in list(self._tasks):
+                self._ended.add(task)
+                task.cancel()
         self.policy = policy
 
     async def start(self, sock: socket.socket) -> str:
@@ -157,8 +166,12 @@ class EgressProxy:
             await self._handle(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
             pass
+        except asyncio.CancelledError:
+            if task not in self._ended:
+                raise
         finally:
             self._tasks.discard(task)
+            self._ended.discard(task)
             writer.close()
 
     async def _answer(self, writer: asyncio.StreamWriter, status: str) -> None:
@@ -287,8 +300,8 @@ class Egresses:
         if not policy.egress:
             return {}
         if existing is None:
-            if policy.mode == "public":
-                log.warning("sandbox %s: network mode public (egress to global addresses)", sandbox.id)
+            if policy.mode == "public":  # the verifier's default: info (set-up warns for an agent's)
+                log.info("sandbox %s: network mode public (egress to global addresses)", sandbox.id)
             existing = self._proxies[sandbox.id] = EgressProxy(policy, sandbox=sandbox.id, limits=self.limits)
             self._urls[sandbox.id] = await existing.start(await sandbox.listen_loopback())
         return proxy_env(self._urls[sandbox.id])

@@ -2,8 +2,9 @@
 the egress decision it implies (pure).
 
 Modes, per phase (agent, verifier):
-- ``no-network`` (the default here, for training: Harbor's own default is ``public``): the
-  sandbox's namespace has only loopback; it reaches its proxy session and nothing else.
+- ``no-network`` (the agent phase's default here, for training: Harbor's own default is
+  ``public``): the sandbox's namespace has only loopback; it reaches its proxy session and
+  nothing else.
 - ``allowlist``: the same, plus an HTTP proxy served inside the sandbox
   (`trialflow.sandbox.egress`; HTTP_PROXY/HTTPS_PROXY point at it) that tunnels (CONNECT)
   or forwards (absolute-form GET) to the listed hosts only. Entries as Harbor's:
@@ -14,15 +15,30 @@ Modes, per phase (agent, verifier):
   a name that resolves to loopback or a private range (``vm`` -> 127.0.0.1, a rebinding
   DNS answer) reaches nothing. Only an address the task lists itself (IP or CIDR entry)
   admits a non-global address.
-- ``public``: explicit opt-in, logged and recorded in the trial result. The same proxy, to
+- ``public`` (the verifier phase's default, as Harbor's; for the agent an explicit opt-in),
+  logged and recorded in the trial result. The same proxy, to
   any host whose every address is globally routable: loopback, private, link-local and
   other special ranges stay unreachable, so the worker's services (proxy management,
   Temporal, S3, vLLM) are never exposed. Clients that ignore HTTP(S)_PROXY get no network.
 
-Where the task says nothing: ``no-network``. ``allow_internet = true`` (legacy) means
-``public``, false ``no-network``. ``[agent]`` / ``[verifier]`` ``network_mode`` override the
-environment's for their phase. `trialflow.task_config` parses and validates the keys as
-Harbor does; this module decides and enforces.
+Which mode a phase runs under (`network_policy`), as Harbor 0.25 resolves it
+(`harbor.trial.network_policy.resolve_trial_network_plan`), with the run's say on top:
+- the phase's own override (`[agent]` / `[verifier]` `network_mode`, a step's first), else
+- the environment's baseline when the task states one (`network_mode`, or the legacy
+  `allow_internet`: true is ``public``, false ``no-network``); the verifier's baseline is the
+  agent's environment in shared mode (not the agent phase's override) and the separate
+  verifier environment's in separate mode, else
+- where the task states no baseline, the run's default for the phase (`PhaseNetwork.default`):
+  ``no-network`` for the agent (for training: Harbor's default is ``public``) and ``public``
+  for the verifier (Harbor's default: verifiers commonly install their test tools as they
+  run, `uvx pytest`, `curl ... | sh`, and would score 0 offline on every trial).
+- `PhaseNetwork.forced` (the run's, e.g. ``no-network`` on a cluster without egress, or to
+  never give the agent network whatever a task asks) replaces all of that.
+The settings `agent_network` / `agent_network_default` / `verifier_network` /
+`verifier_network_default` and `trialflow run --agent-network ...` set them; the trial
+result records each phase's mode and where it came from (`TrialResult.network_modes`).
+`trialflow.task_config` parses and validates the keys as Harbor does; this module decides
+and enforces.
 """
 
 from __future__ import annotations
@@ -38,6 +54,7 @@ if TYPE_CHECKING:
 NetworkMode = Literal["no-network", "allowlist", "public"]
 MODES: tuple[NetworkMode, ...] = ("no-network", "allowlist", "public")
 Phase = Literal["agent", "verifier"]
+PHASES: tuple[Phase, ...] = ("agent", "verifier")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -126,25 +143,56 @@ def reachable(address: Address) -> bool:
     return address.is_global
 
 
-def network_policy(task: Task, phase: Phase) -> NetworkPolicy:
-    """The policy of `phase` for `task` (module docstring): the phase's own override
-    (`[agent]` / `[verifier]` `network_mode`), else the environment's when the task states
-    one (`network_mode`, or the legacy `allow_internet` the loader turns into it), else
-    no-network. In a separate verifier environment the verifier's baseline is that
-    environment's. Harbor's keys are parsed and validated by `trialflow.task_config`."""
+NetworkOrigin = Literal["task", "default", "run"]
+
+
+@dataclass(frozen=True)
+class PhaseNetwork:
+    """The run's say in one phase's network (module docstring): `default` where the task
+    states no baseline, `forced` whatever it states (None: the task decides)."""
+
+    default: NetworkMode
+    forced: NetworkMode | None = None
+
+
+AGENT_DEFAULT = PhaseNetwork("no-network")
+VERIFIER_DEFAULT = PhaseNetwork("public")
+
+
+def network_policy(task: Task, phase: Phase, run: PhaseNetwork | None = None) -> NetworkPolicy:
+    """The policy of `phase` for `task` under the run's `run` (None: `AGENT_DEFAULT` /
+    `VERIFIER_DEFAULT`); module docstring."""
+    return resolve_network(task, phase, run)[0]
+
+
+def resolve_network(
+    task: Task, phase: Phase, run: PhaseNetwork | None = None
+) -> tuple[NetworkPolicy, NetworkOrigin]:
+    """`network_policy` and where it came from: "task" (the task states it), "default" (the
+    task states nothing: the run's default for the phase), "run" (the run forced it).
+    Raises NetworkPolicyError for a malformed key (naming its section) even when forced: a
+    broken task is refused either way."""
+    run = run or (AGENT_DEFAULT if phase == "agent" else VERIFIER_DEFAULT)
     config = task.config
     override = config.agent if phase == "agent" else config.verifier
     # A separate verifier's baseline is its own environment's (Harbor's network plan).
     separate = task.separate_verifier if phase == "verifier" else None
     env = separate.config if separate is not None else config.environment
+    stated: NetworkPolicy | None = None
     if override.network_mode is not None:
         src: Any = override
     elif "network_mode" in env.model_fields_set:
         src = env
     else:
-        return NetworkPolicy()
-    try:
-        return NetworkPolicy(str(src.network_mode), tuple(src.allowed_hosts or ()))  # type: ignore[arg-type]
-    except NetworkPolicyError as exc:
-        where = phase if src is override else "verifier.environment" if separate else "environment"
-        raise NetworkPolicyError(f"[{where}] {exc}") from None
+        src = None
+    if src is not None:
+        try:
+            stated = NetworkPolicy(str(src.network_mode), tuple(src.allowed_hosts or ()))  # type: ignore[arg-type]
+        except NetworkPolicyError as exc:
+            where = phase if src is override else "verifier.environment" if separate else "environment"
+            raise NetworkPolicyError(f"[{where}] {exc}") from None
+    if run.forced is not None:
+        return NetworkPolicy(run.forced), "run"
+    if stated is not None:
+        return stated, "task"
+    return NetworkPolicy(run.default), "default"

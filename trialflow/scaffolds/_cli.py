@@ -94,12 +94,14 @@ def cli_mount(binary: Path, name: str) -> Mount:
 @dataclass(frozen=True)
 class CliRun:
     """One agent command. `argv[0]` is the in-sandbox binary; `home` is created (writable)
-    by the agent's own user before the command runs."""
+    by the agent's own user before the command runs; `setup` (shell, optional) runs right
+    before it, as the same user in the same directory (e.g. copying the task's skills)."""
 
     name: str
     argv: Sequence[str]
     env: Mapping[str, str]
     home: str
+    setup: str = ""
 
     @property
     def stdout_path(self) -> str:
@@ -113,8 +115,9 @@ class CliRun:
         cmd = " ".join(shlex.quote(a) for a in self.argv)
         # `exec` so the in-sandbox timeout's kill reaches the agent itself; stdin from
         # /dev/null so no CLI waits for piped input.
+        setup = f"{{ {self.setup}; }} && " if self.setup else ""
         return (
-            f"mkdir -p {shlex.quote(self.home)} {AGENT_LOG_DIR} && "
+            f"mkdir -p {shlex.quote(self.home)} {AGENT_LOG_DIR} && {setup}"
             f"exec {cmd} < /dev/null > {self.stdout_path} 2> {self.stderr_path}"
         )
 

@@ -89,6 +89,18 @@ class ScaffoldResult:
         return f"{self.stdout}\n--- stderr ---\n{self.stderr}"
 
 
+def skills_problem(scaffold: Scaffold, skills_dir: str | None) -> str | None:
+    """Why `scaffold` cannot run a task with `skills_dir` (None: it can), as Harbor decides:
+    a model-free scaffold (oracle, nop: Harbor's utility agents) ignores skills; any other
+    must read them."""
+    if skills_dir is None or not scaffold.needs_model or scaffold.reads_skills:
+        return None
+    return (
+        f"[environment].skills_dir = {skills_dir!r}: scaffold {scaffold.name} does not read skills "
+        "(claude-code does)"
+    )
+
+
 def positive_or_none(value: int | None, name: str) -> int | None:
     """A scaffold option that is a positive integer or None (`ValueError` otherwise: the
     registry reports it as a bad option before anything is submitted)."""
@@ -113,6 +125,9 @@ class Scaffold(abc.ABC):
     # `stop_reason="max_turns"`), or, for agents without a hard limit of their own, by the
     # trial's proxy session (`session_max_turns`).
     supports_max_turns: bool = False
+    # Whether it hands a task's `[environment] skills_dir` to the agent (Harbor's
+    # `capabilities.skills`: claude-code copies it where Claude Code reads skills).
+    reads_skills: bool = False
 
     def session_max_turns(self) -> int | None:
         """The turn limit the trial's proxy session enforces (`proxy.session.SessionConfig.

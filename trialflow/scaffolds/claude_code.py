@@ -10,7 +10,10 @@ The host-installed native binary (npm `@anthropic-ai/claude-code` 2.1.x, platfor
 with `ANTHROPIC_BASE_URL` = the session's Anthropic URL, a dummy `ANTHROPIC_API_KEY`,
 telemetry/nonessential traffic/autoupdate off, `IS_SANDBOX=1` (Claude Code refuses
 `--dangerously-skip-permissions` as root otherwise) and a fresh writable `HOME` (it writes
-`~/.claude.json` and `~/.claude/`; no onboarding flags are needed in print mode).
+`~/.claude.json` and `~/.claude/`; no onboarding flags are needed in print mode). A task's
+`[environment] skills_dir` is copied into `~/.claude/skills/` first (`skills_setup`), where
+Claude Code reads user-level skills, as Harbor's claude-code agent copies it into its config
+directory's `skills/`.
 
 Outcome: the CLI's exit code as is (0 = a `result` event with subtype "success"; 1 for
 `error_max_turns` / `error_during_execution`; `error_max_turns` sets
@@ -22,6 +25,7 @@ an API error instead of hanging until the agent timeout.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +41,17 @@ BINARY_CANDIDATES = (
 )
 IN_SANDBOX = f"{MOUNT_DIR}/claude"
 HOME = "/tmp/trialflow-claude-home"
+# Claude Code's user-level skills (`~/.claude/skills/<name>/SKILL.md`; CLAUDE_CONFIG_DIR unset).
+SKILLS_DIR = f"{HOME}/.claude/skills"
+
+
+def skills_setup(skills_dir: str | None) -> str:
+    """Shell that copies a task's `[environment] skills_dir` (a path in the sandbox) into
+    Claude Code's skills directory, as Harbor's claude-code agent does (`cp -r DIR/* ...`,
+    errors ignored: an empty or missing directory gives no skills); "" without one."""
+    if skills_dir is None:
+        return ""
+    return f"mkdir -p {SKILLS_DIR} && (cp -r {shlex.quote(skills_dir)}/. {SKILLS_DIR}/ 2>/dev/null || true)"
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,7 @@ class ClaudeCodeScaffold(CliScaffold):
     needs_model = True
     supports_max_turns = True
     main_thread = "first_with_tools"  # its first call may be a tool-less title/quota call
+    reads_skills = True  # `skills_setup`: ~/.claude/skills, where Claude Code finds them
     binary = "claude"
     candidates = BINARY_CANDIDATES
 
@@ -153,6 +169,7 @@ class ClaudeCodeScaffold(CliScaffold):
                 ctx.anthropic_base_url, ctx.model, max_retries=self.max_retries, api_timeout_s=ctx.timeout_s
             ),
             home=HOME,
+            setup=skills_setup(ctx.task.config.environment.skills_dir),
         )
 
     def summarize(self, stdout: str) -> StreamSummary:

@@ -1,8 +1,9 @@
 """Runs INSIDE the Harbor reference container (trialflow-harbor-ref:0.25, Python 3.13):
 loads every /corpus/*.toml with Harbor's own TaskConfig, resolves env templates with
 Harbor's own resolver and, for every task directory under /tasks (when mounted), where
-Harbor would run a separate verifier (`resolve_verifier_environment_definition`); prints
-one JSON object to stdout. Not imported by trialflow."""
+Harbor would run a separate verifier (`resolve_verifier_environment_definition`), and for
+every one under /nettasks each phase's network (`resolve_trial_network_plan`); prints one
+JSON object to stdout. Not imported by trialflow."""
 
 import json
 import os
@@ -15,12 +16,15 @@ from harbor.models.task.paths import TaskPaths
 from harbor.models.task.task import Task
 from harbor.models.task.verifier_mode import (
     resolve_step_verifier_mode,
+    resolve_task_verifier_mode,
     resolve_verifier_environment_definition,
 )
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, VerifierConfig
+from harbor.trial.network_policy import resolve_trial_network_plan
 from harbor.utils.env import resolve_env_vars
 
 warnings.simplefilter("ignore")
-out = {"configs": {}, "env": [], "verifier_envs": {}, "step_tasks": {}}
+out = {"configs": {}, "env": [], "verifier_envs": {}, "step_tasks": {}, "networks": {}}
 for path in sorted(Path("/corpus").glob("*.toml")):
     try:
         cfg = TaskConfig.model_validate_toml(path.read_text())
@@ -83,4 +87,25 @@ for task_dir in sorted(Path("/steptasks").glob("*/")) if Path("/steptasks").is_d
             }
         )
     out["step_tasks"][task_dir.name] = {"ok": {"instruction": task.instruction, "steps": steps}}
+
+
+def _policy(policy):
+    return [policy.network_mode.value, list(policy.allowed_hosts)]
+
+
+for task_dir in sorted(Path("/nettasks").glob("*/")) if Path("/nettasks").is_dir() else []:
+    # Each phase's network as Harbor's trial resolves it (`resolve_trial_network_plan`, a
+    # run with no extra hosts): per step for a multi-step task, else one plan ("" key).
+    cfg = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+    plans = {}
+    for step in cfg.steps or [None]:
+        mode = resolve_step_verifier_mode(cfg, step) if step else resolve_task_verifier_mode(cfg)
+        plan = resolve_trial_network_plan(
+            cfg, AgentConfig(), EnvironmentConfig(), VerifierConfig(), step, verifier_mode=mode
+        )
+        plans[step.name if step else ""] = {
+            "agent": _policy(plan.agent_phase),
+            "verifier": _policy(plan.verifier_phase),
+        }
+    out["networks"][task_dir.name] = plans
 print(json.dumps(out))

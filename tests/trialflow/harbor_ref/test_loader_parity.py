@@ -11,7 +11,8 @@ Each corpus file's first line states the expectation, so a corpus file cannot si
 change meaning. The same container resolves `${VAR}` / `${VAR:-default}` env templates,
 and, for the task directories in VERIFIER_TASKS, where a separate verifier runs (its
 effective environment, the image's build context, whether the image brings /tests):
-trialflow's `Task.separate_verifier` must say the same.
+trialflow's `Task.separate_verifier` must say the same; for NETWORK_TASKS each phase's
+network as Harbor's trial resolves it (`resolve_trial_network_plan`).
 """
 
 from __future__ import annotations
@@ -154,6 +155,53 @@ def _write_step_tasks(root: Path) -> Path:
     return root
 
 
+# Each phase's network (trialflow.sandbox.network.resolve_network vs Harbor's
+# resolve_trial_network_plan): task.toml of each task; every one gets the same other files.
+_NET_STEPS = '[[steps]]\nname = "one"\n[steps.agent]\nnetwork_mode = "public"\n[steps.verifier]\n'
+NETWORK_TASKS: dict[str, str] = {
+    "silent": "",
+    "environment-no-network": '[environment]\nnetwork_mode = "no-network"\n',
+    "environment-allowlist": '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.org", "*.b.org"]\n',
+    "legacy-allow-internet-false": "[environment]\nallow_internet = false\n",
+    "legacy-allow-internet-true": "[environment]\nallow_internet = true\n",
+    # The shared verifier's baseline is the environment's, not the agent phase's override.
+    "agent-override-only": '[agent]\nnetwork_mode = "no-network"\n',
+    "agent-allowlist": '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = ["10.0.0.0/8"]\n',
+    "verifier-override-only": '[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n',
+    "both-overrides": '[environment]\nnetwork_mode = "public"\n[agent]\nnetwork_mode = "no-network"\n'
+    + '[verifier]\nnetwork_mode = "no-network"\n',
+    # Separate verifiers: their own environment's baseline, or the copied [environment]'s.
+    "separate-own-environment": '[environment]\nnetwork_mode = "no-network"\n[verifier.environment]\n'
+    + "memory_mb = 256\n",
+    "separate-own-network": '[verifier.environment]\nnetwork_mode = "no-network"\n',
+    "separate-inherits": '[verifier]\nenvironment_mode = "separate"\n[environment]\nnetwork_mode = "allowlist"\n'
+    + 'allowed_hosts = ["c.org"]\n',
+    # Steps: a step's phase override first, then the task's, then the environment's.
+    "steps": '[environment]\nnetwork_mode = "no-network"\n[verifier]\nnetwork_mode = "allowlist"\n'
+    + 'allowed_hosts = ["d.org"]\n'
+    + _NET_STEPS
+    + 'network_mode = "public"\n[[steps]]\nname = "two"\n',
+    "steps-silent": _NET_STEPS + '[[steps]]\nname = "two"\n[steps.verifier]\nnetwork_mode = "no-network"\n',
+}
+
+
+def _write_network_tasks(root: Path) -> Path:
+    for name, toml in NETWORK_TASKS.items():
+        files = {
+            "task.toml": toml,
+            "environment/Dockerfile": "FROM trialflow-base:bookworm\n",
+            "tests/test.sh": _OK,
+        }
+        if "[[steps]]" in toml:
+            files |= {"steps/one/instruction.md": "One.\n", "steps/two/instruction.md": "Two.\n"}
+        else:
+            files["instruction.md"] = "Do it.\n"
+        for rel, text in files.items():
+            (root / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / name / rel).write_text(text)
+    return root
+
+
 @pytest.fixture(scope="module")
 def harbor(docker_client, tmp_path_factory) -> dict:
     from trialflow.sandbox.base_image import HARBOR_REF_IMAGE, ensure_harbor_ref_image
@@ -161,6 +209,7 @@ def harbor(docker_client, tmp_path_factory) -> dict:
     ensure_harbor_ref_image(docker_client)
     tasks = _write_verifier_tasks(tmp_path_factory.mktemp("verifier-tasks"))
     step_tasks = _write_step_tasks(tmp_path_factory.mktemp("step-tasks"))
+    net_tasks = _write_network_tasks(tmp_path_factory.mktemp("network-tasks"))
     out = docker_client.containers.run(
         HARBOR_REF_IMAGE,
         ["python", "/ref/harbor_dump.py", json.dumps(ENV_CASES)],
@@ -170,11 +219,12 @@ def harbor(docker_client, tmp_path_factory) -> dict:
             str(HERE): {"bind": "/ref", "mode": "ro"},
             str(tasks): {"bind": "/tasks", "mode": "ro"},
             str(step_tasks): {"bind": "/steptasks", "mode": "ro"},
+            str(net_tasks): {"bind": "/nettasks", "mode": "ro"},
         },
         remove=True,
         stderr=False,
     )
-    return {**json.loads(out), "tasks_dir": tasks, "step_tasks_dir": step_tasks}
+    return {**json.loads(out), "tasks_dir": tasks, "step_tasks_dir": step_tasks, "net_tasks_dir": net_tasks}
 
 
 def _expectation(name: str) -> tuple[str, str | None]:
@@ -292,3 +342,23 @@ def test_multi_step_task_loads_as_harbor(harbor, name):
             }
         )
     assert {"instruction": task.instruction, "steps": ours} == ref["ok"]
+
+
+@pytest.mark.parametrize("name", sorted(NETWORK_TASKS))
+def test_phase_networks_resolve_as_harbor(harbor, name):
+    """Each phase's network (per step of a multi-step task) as Harbor's trial resolves it,
+    when the run's agent default is Harbor's (public); the training default (agent
+    no-network) differs only where the task states no agent network."""
+    from trialflow.sandbox.network import PhaseNetwork, resolve_network
+
+    task = load_task(harbor["net_tasks_dir"] / name)
+    for step, ref in harbor["networks"][name].items():
+        view = task.step_view(step) if step else task
+        for phase in ("agent", "verifier"):
+            policy, origin = resolve_network(view, phase, PhaseNetwork("public"))
+            assert [policy.mode, list(policy.allowed_hosts)] == ref[phase], (step, phase)
+            training, _ = resolve_network(view, phase)
+            if phase == "verifier" or origin == "task":
+                assert training == policy, (step, phase)
+            else:
+                assert training.mode == "no-network", (step, phase)

@@ -103,3 +103,22 @@ async def test_listen_in_netns_errors_are_oserrors():
     with pytest.raises(OSError):
         listen_in_netns(2**22 + 12345)
     assert same_netns(os.getpid())
+
+
+async def test_the_images_healthcheck_never_runs_in_a_sandbox(sandbox_for, tmp_path):
+    """The engine would exec an image's HEALTHCHECK in the sandbox on its own schedule, with
+    whatever the agent made of its files, also while the verifier has network: disabled."""
+    import shutil
+
+    root = tmp_path / "healthcheck-image"
+    shutil.copytree(EXAMPLES / "create-file", root)
+    dockerfile = root / "environment" / "Dockerfile"
+    dockerfile.write_text(
+        dockerfile.read_text() + "HEALTHCHECK --interval=1s CMD touch /tmp/healthcheck-ran\n"
+    )
+    sb = await sandbox_for(load_task(root))
+    config = sb._backend.client.api.inspect_container(sb.container_id)["Config"]
+    assert config["Healthcheck"]["Test"] == ["NONE"]
+    await asyncio.sleep(3)  # three intervals of the image's schedule
+    ran = await sb.exec(["test", "-e", "/tmp/healthcheck-ran"], timeout_s=30)
+    assert ran.exit_code == 1, ran

@@ -7,7 +7,13 @@ import shutil
 import pytest
 
 from tests.trialflow.conftest import EXAMPLES
-from trialflow.sandbox.network import NetworkPolicy, NetworkPolicyError, network_policy
+from trialflow.sandbox.network import (
+    NetworkPolicy,
+    NetworkPolicyError,
+    PhaseNetwork,
+    network_policy,
+    resolve_network,
+)
 from trialflow.tasks import load_task
 
 A = ipaddress.ip_address
@@ -91,4 +97,28 @@ def test_task_keys_map_to_policies(tmp_path):
     assert network_policy(t, "agent").mode == "no-network"
     t = _with_sections(tmp_path / "d", agent='network_mode = "allowlist"\nallowed_hosts = ["127.0.0.2"]')
     assert network_policy(t, "agent") == NetworkPolicy("allowlist", ("127.0.0.2",))
-    assert network_policy(t, "verifier") == NetworkPolicy("no-network")
+    # The verifier's baseline is the environment's (unstated: Harbor's public), not the agent's.
+    assert network_policy(t, "verifier") == NetworkPolicy("public")
+
+
+def test_where_the_task_states_nothing_the_run_decides(tmp_path):
+    """Agent no-network (training), verifier public (Harbor's default); the run's defaults
+    and forced modes, and each answer's origin."""
+    plain = load_task(EXAMPLES / "create-file")
+    assert resolve_network(plain, "agent") == (NetworkPolicy("no-network"), "default")
+    assert resolve_network(plain, "verifier") == (NetworkPolicy("public"), "default")
+    assert resolve_network(plain, "agent", PhaseNetwork("public")) == (NetworkPolicy("public"), "default")
+    assert resolve_network(plain, "verifier", PhaseNetwork("no-network"))[0].mode == "no-network"
+    stated = _with_sections(
+        tmp_path / "s", environment='network_mode = "allowlist"\nallowed_hosts = ["a.org"]'
+    )
+    assert resolve_network(stated, "verifier", PhaseNetwork("no-network")) == (
+        NetworkPolicy("allowlist", ("a.org",)),
+        "task",
+    )
+    # Forced: whatever the task states, also over an explicit public.
+    public = _with_sections(tmp_path / "p", agent='network_mode = "public"')
+    assert resolve_network(public, "agent") == (NetworkPolicy("public"), "task")
+    forced = PhaseNetwork("public", forced="no-network")
+    assert resolve_network(public, "agent", forced) == (NetworkPolicy("no-network"), "run")
+    assert resolve_network(stated, "verifier", forced) == (NetworkPolicy("no-network"), "run")

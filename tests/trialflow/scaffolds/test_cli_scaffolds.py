@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.scaffold_cli]
 CREATE = "printf 'Hello, trialflow!\\n' > /app/hello.txt"
 
 
-async def _context(sandbox_for, proxy, scaffold, *, timeout_s=180.0, mounts=True, **kw):
-    task = load_task(EXAMPLES / "create-file")
+async def _context(sandbox_for, proxy, scaffold, *, timeout_s=180.0, mounts=True, task=None, **kw):
+    task = task or load_task(EXAMPLES / "create-file")
     sandbox = await sandbox_for(task, mounts=scaffold.mounts() if mounts else ())
     handle = proxy.open_session()
     anthropic_url, openai_url = await forwarded_urls(proxy, handle, sandbox)
@@ -199,6 +199,45 @@ async def test_claude_code_runs_as_the_tasks_agent_user(sandbox_for, scripted_pr
     assert result.exit_code == 0, result.log
     who = await sandbox.exec(["cat", "/tmp/agent-user.txt"])
     assert who.stdout.strip() == "nobody"
+
+
+async def test_claude_code_reads_the_tasks_skills(sandbox_for, scripted_proxy, tiny_model_dir, tmp_path):
+    """`[environment] skills_dir` (a directory in the sandbox's image) is copied where Claude
+    Code reads user skills (~/.claude/skills), as Harbor's claude-code agent copies it: Claude
+    Code then offers the skill to the model in its first request."""
+    from transformers import AutoTokenizer
+
+    scaffold = get_scaffold("claude-code", max_turns=2)
+    require_cli(scaffold)
+    task_dir = tmp_path / "with-skills"
+    shutil.copytree(EXAMPLES / "create-file", task_dir)
+    toml = (task_dir / "task.toml").read_text()
+    (task_dir / "task.toml").write_text(
+        toml.replace("[environment]\n", '[environment]\nskills_dir = "/opt/task-skills"\n')
+    )
+    skill = (
+        "---\nname: trialflow-greeting\ndescription: Writes the trialflow greeting file when asked to greet.\n"
+        "---\n\nWrite Hello, trialflow! to /app/hello.txt.\n"
+    )
+    (task_dir / "environment" / "skills" / "trialflow-greeting").mkdir(parents=True)
+    (task_dir / "environment" / "skills" / "trialflow-greeting" / "SKILL.md").write_text(skill)
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "COPY skills /opt/task-skills\n")
+    proxy, vllm = await scripted_proxy([Reply("Done.")])
+    _, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, task=load_task(task_dir))
+    sandbox = ctx.sandbox
+
+    result = await scaffold.run(ctx)
+
+    assert result.exit_code == 0, result.log
+    copied = await sandbox.exec(
+        ["cat", "/tmp/trialflow-claude-home/.claude/skills/trialflow-greeting/SKILL.md"]
+    )
+    assert copied.stdout == skill, copied
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    prompt = tok.decode(vllm.main_requests[0]["prompt"])
+    assert "trialflow-greeting" in prompt and "Writes the trialflow greeting file" in prompt
+    await proxy.close_session(handle.session_id)
 
 
 @pytest.mark.parametrize("name", ["codex", "opencode"])
