@@ -29,6 +29,7 @@ from trialflow.verl.agent_loop import (
     stamp_identity,
 )
 from trialflow.verl.convert import ConvertConfig, convert_trial, extra_fields, loop_metrics
+from workflows.shared import RunNetwork
 
 P_LEN, R_LEN = 12, 16
 
@@ -166,8 +167,16 @@ async def test_build_spec_from_a_stamped_row(tokenizer, tiny_model_dir):
         cc.prompt_length + cc.response_length,
         cc.response_length,
     )
+    assert spec.network == RunNetwork()  # agent no-network, verifier public (Harbor's default)
     again = await loop.build_spec({}, {k: v[3] for k, v in nt.items()})
     assert again.trial_id == spec.trial_id  # a restarted trainer derives the same id
+    closed = _instantiate(
+        tokenizer,
+        tiny_model_dir,
+        replicas=["http://10.0.0.1:8000"],
+        settings={"verifier_network": "no-network"},
+    )
+    assert (await closed.build_spec({}, kwargs)).network.verifier == "no-network"  # the loop's settings
     with pytest.raises(TrialIdentityError):
         await loop.build_spec({}, {"extra_info": {"trialflow": {"task_path": "/tasks/x"}}})
 

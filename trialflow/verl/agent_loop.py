@@ -495,6 +495,7 @@ class TemporalAgentLoop(AgentLoopBase):
             max_response_tokens=self.convert_config.response_length,
             step=ident.step,
             policy_version=ident.policy_version,
+            network=self.settings.run_network(),  # each phase's network: the loop's settings
             metadata={
                 "row": str(ident.row),
                 "rollout": str(ident.rollout),
