@@ -116,7 +116,8 @@ class SandboxActivities:
             # The backend adds its own labels (managed, trial id, worker); these say more.
             labels = {**inp.labels, "trialflow.attempt": str(inp.attempt)}
             mounts = list(get_scaffold(inp.scaffold, **inp.scaffold_options).mounts()) if inp.scaffold else []
-            async with heartbeating(interval_s=heartbeat_interval()):
+            progress = self._backend.image_progress
+            async with heartbeating(lambda: progress(task), interval_s=heartbeat_interval()):
                 sandbox = await self._backend.create(
                     task,
                     trial_id=f"{inp.trial_id}-a{inp.attempt}",

@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 
 # Before any test module is imported, so per-test `examples(n)` counts see the profile.
 load_profile()
+# This machine's engine reaches no registry: images a task names come from trialflow's local
+# stand-ins (settings.images_offline), for every worker and CLI the tests start, subprocesses
+# included. The pulling path has its own tests against a local registry (test_registry.py).
+os.environ.setdefault("TRIALFLOW_IMAGES_OFFLINE", "1")
 
 _FIXTURE_MARKERS = {
     "temporal_address": "temporal",

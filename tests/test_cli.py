@@ -97,6 +97,29 @@ def test_run_status_replay_inspect(cli_env):
 @pytest.mark.temporal
 @pytest.mark.docker
 @pytest.mark.s3
+def test_skip_invalid_runs_the_rest_and_keeps_what_it_skipped(cli_env, tmp_path):
+    from tests.trialflow.test_tasks import make_task
+
+    bad = make_task(tmp_path / "needs-alpine", dockerfile="FROM alpine:3.22\n", solve_sh="true\n")
+    batch_id = f"cli-{uuid.uuid4().hex[:6]}"
+    refused = _invoke(cli_env, "run", str(GOOD), str(bad), "--batch-id", batch_id)
+    assert refused.exit_code == 2 and "nothing submitted (1 problem)" in refused.output, refused.output
+    assert "alpine:3.22 is not present locally" in refused.output
+    run = _invoke(cli_env, "run", str(GOOD), str(bad), "--batch-id", batch_id, "--skip-invalid")
+    assert run.exit_code == 0, run.output
+    assert f"skipped: {bad}: environment/Dockerfile line 1: FROM alpine:3.22" in run.output
+    assert f"trial-{batch_id}-create-file-0" in run.output and "1.000" in run.output
+    assert "1 task(s) skipped before submit (--skip-invalid)" in run.output
+    out = tmp_path / "report.html"
+    report = _invoke(cli_env, "report", batch_id, "--out", str(out))
+    assert report.exit_code == 0 and "1 tasks skipped" in report.output, report.output
+    html = out.read_text()
+    assert "Skipped before submit" in html and "needs-alpine" in html and "alpine:3.22" in html
+
+
+@pytest.mark.temporal
+@pytest.mark.docker
+@pytest.mark.s3
 def test_rerunning_a_batch_attaches_to_its_trials(cli_env):
     batch_id = f"cli-again-{uuid.uuid4().hex[:6]}"
     first = _invoke(cli_env, "run", str(GOOD), "--batch-id", batch_id)

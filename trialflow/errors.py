@@ -7,11 +7,17 @@
     │   ├── TaskInvalid                 bad/missing file or field; names `file` and `field`
     │   ├── UnsupportedEnvironment      environment/docker-compose.yaml (refused before anything is built)
     │   ├── UnsupportedFeature          task.toml asks for what trialflow does not do; lists each one
-    │   └── TaskEnvMissing              [environment].env `${VAR}` with VAR unset on the host, no default
+    │   ├── TaskEnvMissing              [environment].env `${VAR}` with VAR unset on the host, no default
+    │   └── DockerfileUnsupported       the Dockerfile uses what the engine's builder refuses (BuildKit
+    │                                   flags, heredocs, unknown instructions); every one, by line
     ├── SandboxError
     │   ├── ImageBuildFailed            the Dockerfile does not build; carries the log tail (never retried)
-    │   │   └── ImageBuildTimeout       build ran past [environment].build_timeout_sec  (retried: slow host)
-    │   ├── ImageUnavailable            [environment].docker_image is not present locally (never retried)
+    │   │   └── ImageBuildTimeout       the image's pulls, stand-ins and build ran past the task's
+    │   │                               build_timeout_sec (x images_build_timeout_multiplier) (retried)
+    │   ├── ImageUnavailable            an image the task names (FROM, COPY --from, docker_image) cannot
+    │   │                               be had: the registry refuses it, or offline without a stand-in
+    │   │                               (never retried)
+    │   ├── ImagePullFailed             a pull failed on the way (no route, DNS, a reset stream) (retried)
     │   ├── BaseImageUnavailable        a local base image (FROM trialflow-base) could not be made (retried)
     │   ├── SandboxStartFailed          container could not be created/started        (retried)
     │   ├── GpusUnavailable             the task asks for more GPUs than this host has  (never retried)
@@ -80,15 +86,32 @@ class TaskInvalid(TaskError):
 
     `file` is relative to the task dir (e.g. "task.toml", "tests/test.sh"); `field` is a
     dotted path inside that file (e.g. "verifier.timeout_sec") or None for the whole file.
+    `more`: further (field, message) problems of the same file (every field pydantic refused,
+    not only the first); `lines()` gives one line per problem.
     """
 
-    def __init__(self, task_dir: str, file: str, field: str | None, message: str) -> None:
+    def __init__(
+        self,
+        task_dir: str,
+        file: str,
+        field: str | None,
+        message: str,
+        more: tuple[tuple[str | None, str], ...] = (),
+    ) -> None:
         self.task_dir = task_dir
         self.file = file
         self.field = field
         self.message = message
-        where = f"{file}:{field}" if field else file
-        super().__init__(f"invalid task {task_dir}: {where}: {message}")
+        self.more = tuple(more)
+        super().__init__(f"invalid task {task_dir}: " + "; ".join(self._parts()))
+
+    def _parts(self) -> list[str]:
+        found = ((self.field, self.message), *self.more)
+        return [f"{self.file}:{f}: {m}" if f else f"{self.file}: {m}" for f, m in found]
+
+    def lines(self) -> list[str]:
+        """One line per problem: "invalid task DIR: FILE:FIELD: MESSAGE"."""
+        return [f"invalid task {self.task_dir}: {part}" for part in self._parts()]
 
 
 class UnsupportedEnvironment(TaskError):
@@ -107,6 +130,15 @@ class UnsupportedFeature(TaskError):
 
 class TaskEnvMissing(TaskError):
     """An env value `${VAR}` names a host variable that is unset and has no `:-default`."""
+
+
+class DockerfileUnsupported(TaskError):
+    """The task's Dockerfile uses what the engine's builder refuses (`trialflow.sandbox.dockerfile`);
+    `problems` holds one line per use, each naming its line."""
+
+    def __init__(self, label: str, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(f"{label}: Dockerfile: " + "; ".join(self.problems))
 
 
 class SandboxError(TrialflowError):
@@ -130,9 +162,16 @@ class ImageBuildTimeout(ImageBuildFailed):
 
 
 class ImageUnavailable(SandboxError):
-    """A prebuilt image named by the task is not present and pulls are impossible here."""
+    """An image the task names is not present and cannot be had: its registry refuses it (not
+    there, no access), or the worker is offline and trialflow has no stand-in for it."""
 
     retryable = False
+
+
+class ImagePullFailed(SandboxError):
+    """Pulling an image failed on the way (registry unreachable, stream cut): worth a retry."""
+
+    retryable = True
 
 
 class BaseImageUnavailable(SandboxError):

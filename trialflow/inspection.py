@@ -8,7 +8,8 @@
 - `result_view(result)`: the trial's rewards, termination, error, timings, each phase's
   network and URIs (a multi-step trial's logs per step).
 - `attempt_view(loaded)`: one attempt as `storage.load_attempt` read it (final or partial).
-- `batch_results(store, batch_id)`: every trial result stored for a batch.
+- `batch_results(store, batch_id)`: every trial result stored for a batch;
+  `record_skipped` / `batch_skipped`: the tasks `run --skip-invalid` left out, with why.
 - `verifier_logs(store, result)`: the verifier's stored output (per step for a multi-step trial).
 
 Edge cases: a trajectory without turns (the agent never called the model, or the attempt
@@ -19,6 +20,7 @@ raising; a finish reason cut by the context window is marked "(overlong)".
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from rich.console import Group, RenderableType
@@ -27,7 +29,8 @@ from rich.text import Text
 
 from proxy.trajectory import Trajectory
 from trialflow.display import reward_text, strip_ansi
-from trialflow.storage import AttemptRecord, LoadedAttempt, ResultStore, TrialKeys
+from trialflow.errors import ObjectNotFound
+from trialflow.storage import AttemptRecord, LoadedAttempt, ResultStore, TrialKeys, batch_skipped_key
 from trialflow.tasks import step_key
 from workflows.shared import StepResult, TrialResult
 
@@ -204,6 +207,20 @@ def batch_results(store: ResultStore, batch_id: str) -> list[TrialResult]:
     ]  # fmt: skip
     results = [TrialResult.model_validate_json(store.get_bytes(k)) for k in keys]
     return sorted(results, key=lambda r: r.trial_id)
+
+
+def record_skipped(store: ResultStore, batch_id: str, skipped: dict[str, list[str]]) -> str:
+    """Store what `trialflow run --skip-invalid` left out: task directory -> its problems."""
+    body = json.dumps({"batch_id": batch_id, "skipped": skipped}, indent=1).encode()
+    return store.put_bytes(batch_skipped_key(batch_id), body, "application/json")
+
+
+def batch_skipped(store: ResultStore, batch_id: str) -> dict[str, list[str]]:
+    """The tasks left out of `batch_id` before submit with their problems ({}: none recorded)."""
+    try:
+        return dict(json.loads(store.get_bytes(batch_skipped_key(batch_id)))["skipped"])
+    except ObjectNotFound:
+        return {}
 
 
 VERIFIER_LOG_CAP = 20_000  # characters shown per file (the tail)

@@ -1,9 +1,13 @@
 """Checks before a batch is submitted: everything a run needs, all problems at once, one
 line each, so no trial is wasted on a typo (issue 13, "the first hour").
 
-`check_run` returns the problems (empty: go). It checks: at least one attempt; every task
-path exists and loads (`trialflow.tasks.load_task`: invalid fields, refused Harbor
-features, compose files); the scaffold resolves with its options; `oracle` has a
+`check_batch` returns them split into the run's own and each task's (`RunCheck`; `check_run`:
+all in one list, empty: go), so `trialflow run --skip-invalid` can run the tasks without
+problems and list the others. It checks: at least one attempt; every task
+path exists and loads (`trialflow.tasks.load_task`: invalid fields, every one; refused Harbor
+features, compose files); its images as set-up would get them (`images`, a
+`trialflow.sandbox.image_check.ImageChecker`: Dockerfile lines the engine's builder refuses,
+images unavailable offline or refused by their registry); the scaffold resolves with its options; `oracle` has a
 `solution/solve.sh` in every task (in a multi-step task: for every step, its own or the
 shared one); a task's `skills_dir` has a scaffold that reads skills (oracle and nop ignore
 them); a task's `gpus` are there on the in-process worker's host; a scaffold that talks to a model gets one from the in-process worker (its
@@ -15,23 +19,45 @@ the result store answers with its credentials (a probe object is written and rea
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trialflow.batch import TrialIdCollision, task_labels
-from trialflow.errors import TrialflowError, UnsupportedFeature
+from trialflow.errors import TaskInvalid, TrialflowError, UnsupportedFeature
 from trialflow.sandbox.gpus import gpu_problem
 from trialflow.scaffolds import Scaffold, check_scaffold
 from trialflow.scaffolds.base import skills_problem
 from trialflow.storage import ResultStore
 from trialflow.tasks import Task, gpu_requests, load_task
 
+if TYPE_CHECKING:
+    from trialflow.sandbox.image_check import ImageChecker
+
 
 def _one_line(err: BaseException) -> str:
     if isinstance(err, UnsupportedFeature):
         return f"{err.task_dir}: not supported: " + "; ".join(err.features)
     return " ".join(str(err).split())
+
+
+def _lines(err: TrialflowError) -> list[str]:
+    if isinstance(err, TaskInvalid):
+        return [" ".join(line.split()) for line in err.lines()]
+    return [_one_line(err)]
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """`general`: problems of the run itself (flags, scaffold, model, store, ids); `tasks`:
+    each task directory with problems (as given) -> its problems, in the order given."""
+
+    general: list[str] = field(default_factory=list)
+    tasks: dict[Path, list[str]] = field(default_factory=dict)
+
+    @property
+    def problems(self) -> list[str]:
+        return [*self.general, *(p for lines in self.tasks.values() for p in lines)]
 
 
 @dataclass(frozen=True)
@@ -51,11 +77,37 @@ def check_run(
     store: Callable[[], ResultStore] | None = None,
     model: InProcessModel | None = None,
     host_gpus: int | None = None,
+    images: ImageChecker | None = None,
 ) -> list[str]:
     """Problems that would make the batch fail or mislead, one line each (empty: none).
     `host_gpus`: the GPUs of the host whose engine runs the sandboxes (the in-process
     worker's); None: not known here (an external worker refuses such a task itself)."""
-    problems: list[str] = []
+    return check_batch(
+        task_dirs,
+        scaffold,
+        samples=samples,
+        scaffold_options=scaffold_options,
+        store=store,
+        model=model,
+        host_gpus=host_gpus,
+        images=images,
+    ).problems
+
+
+def check_batch(
+    task_dirs: Sequence[Path],
+    scaffold: str,
+    *,
+    samples: int,
+    scaffold_options: dict[str, Any] | None = None,
+    store: Callable[[], ResultStore] | None = None,
+    model: InProcessModel | None = None,
+    host_gpus: int | None = None,
+    images: ImageChecker | None = None,
+) -> RunCheck:
+    """`check_run`'s problems, the run's apart from each task's."""
+    check = RunCheck()
+    problems = check.general
     if samples < 1:
         problems.append(f"--samples must be at least 1 (got {samples})")
     if not task_dirs:
@@ -68,27 +120,41 @@ def check_run(
     else:
         if built.needs_model and model is not None:
             problems.extend(_missing_model(scaffold, model))
+    if images is not None and images.engine_problem is not None:
+        problems.append(
+            f"the Docker engine does not answer ({images.engine_problem}); the in-process worker "
+            "builds the task images and runs the sandboxes on it"
+        )
     existing = []
     for path in task_dirs:
         if not path.is_dir():
-            problems.append(f"{path}: no such task directory")
+            check.tasks.setdefault(path, []).append(f"{path}: no such task directory")
             continue
         existing.append(path)
-        try:
-            task = load_task(path)
-        except TrialflowError as err:
-            problems.append(_one_line(err))
-            continue
-        if scaffold == "oracle":
-            problems.extend(_missing_solutions(task))
-        problems.extend(_host_problems(task, built, host_gpus))
+        mine = _task_problems(path, scaffold, built, host_gpus, images)
+        if mine:
+            check.tasks.setdefault(path, []).extend(mine)
     try:
         task_labels(existing)
     except TrialIdCollision as err:
         problems.extend(str(err).splitlines())
     if store is not None:
         problems.extend(_check_store(store))
-    return problems
+    return check
+
+
+def _task_problems(
+    path: Path, scaffold: str, built: Scaffold | None, host_gpus: int | None, images: ImageChecker | None
+) -> list[str]:
+    try:
+        task = load_task(path)
+    except TrialflowError as err:
+        return _lines(err)
+    out = _missing_solutions(task) if scaffold == "oracle" else []
+    out.extend(_host_problems(task, built, host_gpus))
+    if images is not None:
+        out.extend(f"{task.path}: {line}" for line in images.problems(task))
+    return out
 
 
 def _host_problems(task: Task, scaffold: Scaffold | None, host_gpus: int | None) -> list[str]:

@@ -8,7 +8,7 @@ Sections: summary (trials, valid rewards, mean reward over valid ones, solved = 
 reward histogram (valid rewards, 10 bins over [0, 1]; values outside are clipped into
 the end bins), phase-time distribution per phase (min / quartiles / max as a box plot
 plus a table), failure reasons (termination reasons, error types with one example trial,
-reward errors), per-task summary, and every trial.
+reward errors), per-task summary, the tasks skipped before submit (when any), and every trial.
 
 Edge cases: an empty batch renders every section with "no trials"; a phase missing from a
 trial's timings is left out of that phase's statistics (not counted as 0); every string
@@ -140,10 +140,12 @@ def render_report(
     title: str = "trialflow batch",
     cancelled: Iterable[str] = (),
     verifier_logs: Mapping[str, Mapping[str, str]] | None = None,
+    skipped: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     """The whole report as one HTML string. ``cancelled``: trial ids a straggler policy cut.
     ``verifier_logs``: trial id -> file name -> text (`trialflow.inspection.verifier_logs`),
-    shown per trial as collapsed sections."""
+    shown per trial as collapsed sections. ``skipped``: task directory -> its problems, the
+    tasks `run --skip-invalid` left out before submitting (`inspection.batch_skipped`)."""
     cut = set(cancelled)
     valid = [r for r in results if r.reward_valid]
     rewards = [r.reward for r in valid]
@@ -157,6 +159,7 @@ def render_report(
         ("mean reward (valid)", f"{statistics.fmean(rewards):.3f}" if rewards else "-"),
         ("solved (reward >= 1)", sum(1 for x in rewards if x >= 1.0)),
         ("cancelled by straggler policy", len(cut)),
+        ("tasks skipped before submit", len(skipped or {})),
         ("new segments: client rewrites", sum(r.rewrites_client for r in results)),
         ("new segments: template-forced", sum(r.rewrites_template for r in results)),
     ]
@@ -215,6 +218,14 @@ def render_report(
         _table(("reward error", "trials"), sorted(reward_errors.items()), numeric={1}),
         "<h2>Tasks</h2>",
         _table(("task", "trials", "valid", "mean reward"), task_rows, numeric={1, 2, 3}),
+        *(
+            [
+                "<h2>Skipped before submit</h2>",
+                _table(("task", "problem"), [(t, p) for t, ps in sorted(skipped.items()) for p in ps]),
+            ]
+            if skipped
+            else []
+        ),
         "<h2>Trials</h2>",
         _table(
             (
@@ -261,8 +272,9 @@ def write_report(
     title: str = "trialflow batch",
     cancelled: Iterable[str] = (),
     verifier_logs: Mapping[str, Mapping[str, str]] | None = None,
+    skipped: Mapping[str, Sequence[str]] | None = None,
 ) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(results, title, cancelled, verifier_logs), encoding="utf-8")
+    out.write_text(render_report(results, title, cancelled, verifier_logs, skipped), encoding="utf-8")
     return out

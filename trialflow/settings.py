@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from trialflow.viewer._urls import DEFAULT_TEMPORAL_UI_URL, DEFAULT_VIEWER_URL
 
 if TYPE_CHECKING:
+    from trialflow.sandbox.image_refs import ImagePolicy
     from trialflow.sandbox.policy import SandboxPolicy
     from trialflow.sandbox.transfer import TransferLimits
     from workflows.shared import RunNetwork
@@ -121,6 +122,14 @@ class TrialflowSettings(BaseSettings):
     agent_network_default: Literal["no-network", "public"] = "no-network"
     verifier_network: Literal["no-network", "public"] | None = None
     verifier_network_default: Literal["no-network", "public"] = "public"
+    # Images tasks name (trialflow.sandbox.image_refs, docs/harbor.md "Images"). False: what
+    # is not present locally is pulled with the engine's credentials (~/.docker/config.json).
+    # True (TRIALFLOW_IMAGES_OFFLINE=1; the demo and the tests): never pulled; trialflow's
+    # local stand-ins, under names of their own (trialflow-standin/...), where it has one.
+    images_offline: bool = False
+    # Harbor's --environment-build-timeout-multiplier: scales each task's build_timeout_sec,
+    # which bounds its pulls, stand-ins and build together.
+    images_build_timeout_multiplier: float = Field(default=1.0, gt=0)
 
     max_concurrent_trials: int = Field(default=4, gt=0)
     metrics_port: int = 0
@@ -148,6 +157,13 @@ class TrialflowSettings(BaseSettings):
             agent_default=self.agent_network_default,
             verifier=self.verifier_network,
             verifier_default=self.verifier_network_default,
+        )
+
+    def image_policy(self) -> ImagePolicy:
+        from trialflow.sandbox.image_refs import ImagePolicy
+
+        return ImagePolicy(
+            offline=self.images_offline, build_timeout_multiplier=self.images_build_timeout_multiplier
         )
 
     def transfer_limits(self) -> TransferLimits:

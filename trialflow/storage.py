@@ -82,6 +82,11 @@ def record_replay_key(batch_id: str, trial_id: str, name: str) -> str:
     return validate_key(f"batches/{batch_id}/trials/{trial_id}/replays/{name}.json")
 
 
+def batch_skipped_key(batch_id: str) -> str:
+    """The tasks `trialflow run --skip-invalid` left out of the batch, with their problems."""
+    return f"batches/{batch_id}/skipped.json"
+
+
 PROXY_REGISTRY_PREFIX = "proxies/"
 
 

@@ -450,8 +450,9 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     try:
         config = TaskConfig.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        raise TaskInvalid(tdir, TASK_TOML, _field_path(err["loc"]), err["msg"]) from None
+        found = [(_field_path(err["loc"]), err["msg"]) for err in e.errors()]
+        (field, message), more = found[0], tuple(found[1:])
+        raise TaskInvalid(tdir, TASK_TOML, field, message, more) from None
     refused = unsupported_features(config)
     if refused:
         raise UnsupportedFeature(tdir, refused)

@@ -1,7 +1,8 @@
 """Fixtures for trialflow's sandbox/verifier/scaffold tests (real Docker engine).
 
 base_image      ensures `trialflow-base:bookworm` exists (debootstrap on first use)
-make_backend    factory of DockerBackends, each with a label unique to it, so its `reap()`
+make_backend    factory of DockerBackends (offline images unless `images=` says otherwise),
+                each with a label unique to it, so its `reap()`
                 never touches containers of other sessions; at teardown it fails the test
                 if any container of those labels is left behind (scoped, unlike the global
                 `no_leaked_containers`, which other sessions sharing the engine can trip)
@@ -36,10 +37,12 @@ def base_image(docker_client) -> str:
 @pytest.fixture
 def make_backend(docker_client, base_image) -> Iterator:
     from trialflow.sandbox import DockerBackend
+    from trialflow.sandbox.image_refs import ImagePolicy
 
     made: list[DockerBackend] = []
 
     def make(**kwargs) -> DockerBackend:
+        kwargs.setdefault("images", ImagePolicy(offline=True))  # no registry here: stand-ins
         be = DockerBackend(docker_client, labels={"trialflow.test_run": uuid.uuid4().hex}, **kwargs)
         made.append(be)
         return be

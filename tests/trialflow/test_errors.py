@@ -12,6 +12,8 @@ from trialflow import errors as E
         (E.ImageBuildFailed, False),
         (E.ImageBuildTimeout, True),
         (E.ImageUnavailable, False),
+        (E.ImagePullFailed, True),
+        (E.DockerfileUnsupported, False),
         (E.BaseImageUnavailable, True),
         (E.SandboxStartFailed, True),
         (E.SandboxLost, True),

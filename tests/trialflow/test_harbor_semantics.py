@@ -6,8 +6,10 @@ Tasks are written here (tmp dirs), FROM the local `trialflow-base:bookworm`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from trialflow.errors import EntrypointExited, HealthcheckFailed
@@ -111,26 +113,45 @@ async def test_healthcheck_gates_on_a_service_the_entrypoint_starts(tmp_path, sa
         await run_healthcheck(never, one)
 
 
-async def test_public_python_image_has_a_local_stand_in(tmp_path, sandbox_for, backend):
-    """FROM python:3.13-slim builds unchanged: a trixie stand-in with Python 3.13, pip
-    allowed system-wide, and the host CA bundle so pip's TLS through the registry proxy works."""
+def _public_state(client, ref: str) -> str | None:
+    try:
+        return client.images.get(ref).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+async def test_public_python_image_has_a_local_stand_in(tmp_path, sandbox_for, docker_client):
+    """Offline, FROM python:3.13-slim builds from trialflow's stand-in (trixie, Python 3.13,
+    pip allowed system-wide, the host CA bundle so pip's TLS through the registry proxy
+    works), named trialflow-standin/python:3.13-slim; python:3.13-slim itself is left as it was."""
+    before = _public_state(docker_client, "python:3.13-slim")
     root = _task(
         tmp_path / "py",
         "FROM python:3.13-slim\nRUN pip install -q --no-deps six && python -c 'import six'\n",
     )
-    sb = await sandbox_for(load_task(root))
+    task = load_task(root)
+    sb = await sandbox_for(task)
     res = await sb.exec("python --version && pip --version && python -c 'import six; print(six.__name__)'")
     assert res.ok, res.stderr
     assert "Python 3.13" in res.stdout and "six" in res.stdout
+    assert _public_state(docker_client, "python:3.13-slim") == before
+    labels = docker_client.images.get(task.image_tag).labels
+    assert json.loads(labels["trialflow.standins"]) == {
+        "python:3.13-slim": "trialflow-standin/python:3.13-slim"
+    }
+    assert (root / "environment/Dockerfile").read_text().startswith("FROM python:3.13-slim\n")  # untouched
 
 
-async def test_ubuntu_stand_in_and_unknown_images(tmp_path, sandbox_for, backend):
+async def test_ubuntu_stand_in_and_unknown_images(tmp_path, sandbox_for, backend, docker_client):
     from trialflow.errors import ImageUnavailable
 
+    before = _public_state(docker_client, "ubuntu:24.04")
     sb = await sandbox_for(
         load_task(_task(tmp_path / "u", "FROM ubuntu:24.04\nRUN apt-get --version >/dev/null\n"))
     )
     assert "trixie" in (await sb.exec("cat /etc/os-release")).stdout
+    assert _public_state(docker_client, "ubuntu:24.04") == before  # never (re)tagged
+    assert _public_state(docker_client, "trialflow-standin/ubuntu:24.04") is not None
     unknown = load_task(_task(tmp_path / "x", "FROM registry.example.org/private/env:7\n"))
     with pytest.raises(ImageUnavailable, match="no stand-in"):
         await backend.create(unknown, trial_id="x")

@@ -25,7 +25,7 @@ from trialflow.sandbox import (
     Mount,
     reap_containers,
 )
-from trialflow.sandbox.docker import dockerfile_bases, resolve_env
+from trialflow.sandbox.docker import resolve_env
 from trialflow.tasks import load_task
 
 pytestmark = pytest.mark.docker
@@ -251,11 +251,6 @@ def test_resolve_env_templates():
     host = {"A": "1", "EMPTY": ""}
     env = {"x": "${A}", "y": "${B:-dflt}", "e": "${EMPTY:-e}", "w": "pre-${A}", "lit": "$A"}
     assert resolve_env(env, host) == {"x": "1", "y": "dflt", "e": "", "w": "pre-${A}", "lit": "$A"}
-
-
-def test_dockerfile_bases():
-    text = "# c\nFROM --platform=linux/amd64 trialflow-base:bookworm AS build\nRUN x\nfrom scratch\n  FROM build\n"
-    assert dockerfile_bases(text) == ["trialflow-base:bookworm", "scratch", "build"]
 
 
 async def test_missing_base_image_is_made_once(tmp_path, docker_client, make_backend):

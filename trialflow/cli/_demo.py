@@ -131,6 +131,7 @@ def demo(
             replica_urls=infra.vllm_urls,
             model_dir=infra.model_dir or cached_tiny_model(infra.state_dir / "models"),
             model_name=infra.served_model_name,
+            images_offline=True,  # this repository's demo machine reaches no registry: stand-ins
         )
         failed = False
         batch_ids = []

@@ -98,7 +98,7 @@ def report(
     store_dir: StoreDirOpt = None,
 ) -> None:
     """Write a self-contained HTML report of a batch from the results in the store."""
-    from trialflow.inspection import batch_results, verifier_logs
+    from trialflow.inspection import batch_results, batch_skipped, verifier_logs
     from trialflow.report import write_report
     from trialflow.storage import open_store
 
@@ -108,5 +108,8 @@ def report(
     if not results:
         _fail(f"no results stored for batch {batch_id!r} in {_where(settings)}")
     logs = {r.trial_id: verifier_logs(store, r) for r in results}
-    path = write_report(out, results, title=f"batch {batch_id}", verifier_logs=logs)
-    console.print(f"{len(results)} trials -> {path}")
+    skipped = batch_skipped(store, batch_id)
+    path = write_report(out, results, title=f"batch {batch_id}", verifier_logs=logs, skipped=skipped)
+    console.print(
+        f"{len(results)} trials" + (f", {len(skipped)} tasks skipped" if skipped else "") + f" -> {path}"
+    )

@@ -65,7 +65,10 @@ async def _replay(settings: TrialflowSettings, trial_id: str, attempt: int | Non
         profile=settings.model_profile,
     )
     backend = DockerBackend(
-        docker.from_env(), labels={"trialflow.replay": "from-record"}, policy=settings.sandbox_policy()
+        docker.from_env(),
+        labels={"trialflow.replay": "from-record"},
+        policy=settings.sandbox_policy(),
+        images=settings.image_policy(),
     )
     await proxy.start()
     try:

@@ -8,7 +8,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from temporalio.client import Client
@@ -26,7 +26,8 @@ from trialflow.cli._app import (
 )
 from trialflow.cli._views import results_table, status_table, trial_progress
 from trialflow.errors import UnknownScaffold
-from trialflow.preflight import InProcessModel, check_run
+from trialflow.inspection import record_skipped
+from trialflow.preflight import InProcessModel, RunCheck, check_batch
 from trialflow.sandbox.gpus import host_gpus
 from trialflow.scaffolds.registry import parse_scaffold_options, register_scaffold
 from trialflow.settings import TrialflowSettings
@@ -42,6 +43,9 @@ DefaultNetworkOpt = Annotated[
     RunNetworkMode | None,
     typer.Option(help="the phase's mode where the task states none", show_default=False),
 ]
+
+if TYPE_CHECKING:
+    from trialflow.sandbox.image_check import ImageChecker
 
 
 @contextlib.asynccontextmanager
@@ -132,6 +136,14 @@ def run(
     max_restarts: Annotated[int, typer.Option(help="new-sandbox attempts per trial")] = 3,
     agent_timeout: Annotated[float | None, typer.Option(help="seconds; default: the task's")] = None,
     external_worker: Annotated[bool, typer.Option(help="do not start an in-process worker")] = False,
+    skip_invalid: Annotated[
+        bool,
+        typer.Option(
+            "--skip-invalid",
+            help="run the tasks without problems and list the others (in the output and the "
+            "batch's report) instead of refusing the batch",
+        ),
+    ] = False,
     temporal: TemporalOpt = None,
     s3: S3Opt = None,
     store_dir: StoreDirOpt = None,
@@ -172,7 +184,7 @@ def run(
         raise typer.BadParameter(str(err), param_hint="--scaffold-option") from None
     for name, target in settings.extra_scaffolds.items():
         register_scaffold(name, target)
-    problems = check_run(
+    check = check_batch(
         task_dirs,
         scaffold,
         samples=samples,
@@ -180,12 +192,9 @@ def run(
         store=lambda: open_store(settings),
         model=None if external_worker else InProcessModel(settings.model_dir, settings.replica_urls),
         host_gpus=None if external_worker else host_gpus(),
+        images=_image_checker(settings, external_worker, check_engine=bool(task_dirs)),
     )
-    if problems:
-        for line in problems:
-            console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
-        console.print(f"nothing submitted ({len(problems)} problem{'s' if len(problems) > 1 else ''})")
-        raise typer.Exit(2)
+    task_dirs, skipped = _refuse_or_skip(check, task_dirs, skip_invalid)
     try:
         specs = batch.make_specs(
             batch_id,
@@ -201,11 +210,54 @@ def run(
     except UnknownScaffold as err:
         raise typer.BadParameter(str(err), param_hint="--scaffold") from None
     batch_index.record(settings, batch_id)  # `inspect` / `report` find its store again
+    if skip_invalid:  # the batch's record says what it left out (`report` shows it)
+        record_skipped(open_store(settings), batch_id, skipped)
     console.print(f"batch [bold]{batch_id}[/]: {len(specs)} trials")
     say_store(settings)
     results = asyncio.run(run_specs(settings, specs, external_worker=external_worker, title=scaffold))
     console.print(results_table(results, title=f"batch {batch_id}"))
+    if skipped:
+        console.print(f"{len(skipped)} task(s) skipped before submit (--skip-invalid):", highlight=False)
+        for task, lines in skipped.items():
+            console.print(f"  skipped {task}: {' | '.join(lines)}", highlight=False, soft_wrap=True)
     raise typer.Exit(1 if any(r.failed for r in results) else 0)
+
+
+def _image_checker(settings: TrialflowSettings, external_worker: bool, check_engine: bool) -> ImageChecker:
+    """The checker of the tasks' images: with the engine the in-process worker builds on; an
+    external worker's engine is its own, so then only the Dockerfiles are read."""
+    from trialflow.sandbox.image_check import ImageChecker  # the docker SDK only for `run`
+
+    policy = settings.image_policy()
+    if external_worker or not check_engine:
+        return ImageChecker(None, policy)
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as err:  # no engine, no permission: said before submit, as one line
+        return ImageChecker(
+            None, policy, engine_problem=f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        )
+    return ImageChecker(client, policy)
+
+
+def _refuse_or_skip(
+    check: RunCheck, task_dirs: list[Path], skip_invalid: bool
+) -> tuple[list[Path], dict[str, list[str]]]:
+    """Refuse the run (exit 2, every problem printed), or with --skip-invalid leave out the
+    tasks with problems and say so; the tasks to run and {task directory: its problems}."""
+    if check.general or (check.tasks and not skip_invalid) or len(check.tasks) == len(task_dirs):
+        for line in check.problems:
+            console.print(f"[red]error:[/] {line}", highlight=False, soft_wrap=True)
+        n = len(check.problems)
+        console.print(f"nothing submitted ({n} problem{'s' if n > 1 else ''})")
+        raise typer.Exit(2)
+    for lines in check.tasks.values():
+        for line in lines:
+            console.print(f"[yellow]skipped:[/] {line}", highlight=False, soft_wrap=True)
+    return [p for p in task_dirs if p not in check.tasks], {str(p): v for p, v in check.tasks.items()}
 
 
 def status(batch_id: str, temporal: TemporalOpt = None) -> None:

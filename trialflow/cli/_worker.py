@@ -192,6 +192,7 @@ class WorkerProcess:
             labels={"trialflow.worker": queue},
             policy=settings.sandbox_policy(),
             limits=limits,
+            images=settings.image_policy(),
         )
         self.proxy = open_proxy(settings)
         self._store, self._worker_id = store, worker_id

@@ -213,8 +213,14 @@ class SandboxBackend(abc.ABC):
         its own image, resources, env and workdir, no mounts, the same isolation; it
         shares nothing with the agent's sandbox, and `verifier_for.stop()` removes it too.
 
-        Raises ImageBuildFailed / ImageBuildTimeout / ImageUnavailable / SandboxStartFailed.
+        Raises ImageBuildFailed / ImageBuildTimeout / ImageUnavailable / ImagePullFailed /
+        DockerfileUnsupported / SandboxStartFailed.
         """
+
+    def image_progress(self, task: Task) -> str | None:
+        """What preparing the task's images is doing now, one line (heartbeat details while
+        `create` runs), or None: nothing to say, or a backend that does not tell."""
+        return None
 
     @abc.abstractmethod
     async def attach(self, sandbox_id: str) -> Sandbox:

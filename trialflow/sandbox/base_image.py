@@ -13,9 +13,11 @@ image exists with the current recipe, recorded in its `trialflow.recipe` label):
    (`update-ca-certificates`) and named by PIP_CERT / REQUESTS_CA_BUNDLE / SSL_CERT_FILE /
    NODE_EXTRA_CA_CERTS, so pip, curl and node inside builds and sandboxes verify TLS.
    bookworm has Python 3.11, trixie Python 3.13.
-3. Stand-ins for the public images task Dockerfiles name (`PUBLIC_IMAGES`, made on demand
-   by the Docker backend when a FROM line names one that is not present, tagged with that
-   very name so the Dockerfile is built unchanged); see docs/harbor.md for the table.
+3. Stand-ins for the public images task Dockerfiles name (`PUBLIC_IMAGES`), for an engine
+   that cannot pull (`images_offline`): made on demand by the Docker backend when a FROM /
+   COPY --from / docker_image names one that is not present, under trialflow's own name
+   (`trialflow-standin/<ref>`, `ensure_standin`), which the build puts into the Dockerfile in
+   place of the public name; a public name is never tagged. docs/harbor.md has the table.
 4. `HARBOR_REF_IMAGE`: trixie with PyPI `harbor==0.25.*` in /opt/harbor (the reference the
    harbor_ref tests compare trialflow with; Harbor needs Python >= 3.12).
 
@@ -43,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
+
+from trialflow.sandbox.image_refs import standin_tag
 
 log = logging.getLogger(__name__)
 
@@ -332,17 +336,38 @@ def public_image(ref: str) -> PublicImage | None:
     return None
 
 
-def ensure_public_image(client: docker.DockerClient, ref: str) -> str:
-    """Make the stand-in for `ref` (tagged `ref`) unless it exists with the current recipe."""
+def ensure_standin(client: docker.DockerClient, ref: str) -> str:
+    """Make the stand-in for `ref` under trialflow's own name (`image_refs.standin_tag`), never
+    under `ref` itself, unless it exists with the current recipe; return that name. Its base
+    (`trialflow-base:{suite}`) is made first when missing (callers that build several
+    stand-ins at once make the base first, under its own lock)."""
     spec = public_image(ref)
     if spec is None:
         raise BaseImageError(f"no local stand-in for {ref}")
+    tag = standin_tag(ref)
     base_id = ensure_base_image(client, suite=spec.suite)
     recipe = _digest(ref, spec.dockerfile(), base_id)
-    if (img := _current(client, ref, recipe)) is not None:
-        return img.id
-    log.info("making %s from trialflow-base:%s (%s)", ref, spec.suite, spec.note)
-    return _build(client, ref, spec.dockerfile(), {}, recipe)
+    if _current(client, tag, recipe) is None:
+        t0 = time.monotonic()
+        _build(client, tag, spec.dockerfile(), {}, recipe)
+        log.info(
+            "made %s for %s from trialflow-base:%s (%s) in %.1fs",
+            tag,
+            ref,
+            spec.suite,
+            spec.note,
+            time.monotonic() - t0,
+        )
+    return tag
+
+
+def is_old_standin(client: docker.DockerClient, ref: str) -> bool:
+    """`ref` names an image an older trialflow made as a stand-in and tagged under the public
+    name (a name the table covers, carrying the recipe label): not the image `ref` means."""
+    if public_image(ref) is None:
+        return False
+    img = _image(client, ref)
+    return img is not None and RECIPE_LABEL in (img.labels or {})
 
 
 def ensure_harbor_ref_image(client: docker.DockerClient) -> str:

@@ -59,8 +59,9 @@ from trialflow.errors import (
 )
 from trialflow.sandbox import gpus, seccomp, toolchain
 from trialflow.sandbox.base import ImageInfo, Mount, ReapReport, Sandbox, SandboxBackend
-from trialflow.sandbox.docker_images import BaseImageMaker, DockerImages, dockerfile_bases
+from trialflow.sandbox.docker_images import BaseImageMaker, DockerImages
 from trialflow.sandbox.docker_sandbox import DockerSandbox
+from trialflow.sandbox.image_refs import ImagePolicy
 from trialflow.sandbox.policy import SandboxPolicy
 from trialflow.sandbox.reaper import (
     LABEL_CREATED_AT,
@@ -75,7 +76,7 @@ from trialflow.tasks import resolve_env
 if TYPE_CHECKING:
     from trialflow.tasks import Task
 
-__all__ = ["DockerBackend", "DockerSandbox", "dockerfile_bases", "resolve_env"]
+__all__ = ["DockerBackend", "DockerSandbox", "resolve_env"]
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ class DockerBackend(SandboxBackend):
     `base_images` maps local base image tags to a function that makes them; when a task's
     Dockerfile says `FROM` one that is missing, it is made first (once, under a lock).
     Default: `trialflow-base:bookworm` via `trialflow.sandbox.base_image` (debootstrap, minutes on a
-    fresh machine). Pass `{}` to disable. `exec_grace_s`: see the module docstring.
+    fresh machine). Pass `{}` to disable. `images`: pull what is absent (default) or, offline,
+    use trialflow's stand-ins (`trialflow.sandbox.image_refs`). `exec_grace_s`: see the module docstring.
     `toolchain`: the host's static busybox mounted into every sandbox (checked at the first
     `create`: ToolchainUnavailable when missing or dynamically linked).
     """
@@ -121,6 +123,7 @@ class DockerBackend(SandboxBackend):
         limits: TransferLimits | None = None,
         toolchain: Path = toolchain.HOST_BUSYBOX,
         host_gpus: int | None = None,
+        images: ImagePolicy | None = None,
     ) -> None:
         self.client = client
         # budgets of downloads (trialflow.sandbox.transfer); the log limits unless a caller
@@ -132,7 +135,7 @@ class DockerBackend(SandboxBackend):
         self.exec_grace_s = exec_grace_s
         self._host_env = host_env
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="tf-docker")
-        self.images = DockerImages(client, self._run, base_images)
+        self.images = DockerImages(client, self._run, base_images, images)
         self._host_cpus: float | None = None
         self._host_gpus = host_gpus  # None: the NVIDIA driver's count, read when first needed
         self._storage_quota: bool | None = None
@@ -157,6 +160,13 @@ class DockerBackend(SandboxBackend):
         for image in task.verifier_images:
             await self.images.ensure(image)
         return info
+
+    def image_progress(self, task: Task) -> str | None:
+        """What getting the task's images is doing now (a pull's layers and bytes), or None."""
+        for image in (task.image, *task.verifier_images):
+            if (line := self.images.progress(image.tag)) is not None:
+                return line
+        return None
 
     # -- containers -----------------------------------------------------------------------
 

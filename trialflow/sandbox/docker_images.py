@@ -1,25 +1,35 @@
-"""Task images for the Docker backend: build once per environment hash, make missing bases.
+"""Task images for the Docker backend: build once per environment hash, get the images it names.
 
 Each task's environment/ is built once per content hash and tagged
 `trialflow-task:<env_hash[:32]>` (`Task.image_tag`); a separate verifier environment's
 image is built from tests/ the same way, tagged `trialflow-verifier:<hash of tests/>`
-(`Task.verifier_image`). A second request for the same content is a cache hit (`ImageInfo.built is False`). Builds use host networking (no
-bridge exists here) and never pull (`FROM` must name a local image such as
-`trialflow-base:bookworm`/`:trixie`, made first when missing or outdated: see
-`base_images`; a public name with a local stand-in such as `python:3.13-slim` or
-`ubuntu:24.04` is made from them, see `trialflow.sandbox.base_image.PUBLIC_IMAGES`; any
-other absent FROM is refused before building, `ImageUnavailable`).
-`[environment].build_timeout_sec` bounds the build; a task with `docker_image` uses that
-local image as is (`ImageUnavailable` when it is absent). Changing a base image does not
+(`Task.verifier_image`). A second request for the same content is a cache hit
+(`ImageInfo.built is False`). Builds use host networking (no bridge exists here).
+
+Before building, the Dockerfile is read (`trialflow.sandbox.dockerfile`): what the engine's
+builder refuses is `DockerfileUnsupported`, listed by line; every image it brings in (FROM,
+COPY --from) and a task's `docker_image` is got as `trialflow.sandbox.image_refs.resolve`
+says: used when present, `trialflow-base:*` made (debootstrap) when missing or outdated,
+else pulled (`docker_pull.pull`: the engine's credentials, progress in `progress(tag)` and
+the log) or, offline, replaced by trialflow's stand-in (`trialflow-standin/<ref>`, put into
+the Dockerfile at build time; the build's own Dockerfile is never touched and a public name
+never tagged), or refused (`ImageUnavailable`). Each image is got under a lock of its own, so
+different images are pulled and made at the same time and one image once. A task image
+built with stand-ins records them (`STANDINS_LABEL`); an online worker builds it again from
+the real images.
+
+`[environment].build_timeout_sec` (times `ImagePolicy.build_timeout_multiplier`) bounds the
+pulls, stand-ins and build together (`ImageBuildTimeout`). Changing a base image does not
 change task hashes: remove `trialflow-task:*` / `trialflow-verifier:*` images then.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import json
 import logging
-import re
+import os
+import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,9 +41,18 @@ import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 
-from trialflow.errors import BaseImageUnavailable, ImageBuildFailed, ImageBuildTimeout, ImageUnavailable
+from trialflow.errors import (
+    BaseImageUnavailable,
+    DockerfileUnsupported,
+    ImageBuildFailed,
+    ImageBuildTimeout,
+    ImageUnavailable,
+)
+from trialflow.sandbox import dockerfile as dockerfile_facts
 from trialflow.sandbox.base import ImageInfo
-from trialflow.sandbox.base_image import SUITES, ensure_base_image, ensure_public_image, public_image
+from trialflow.sandbox.base_image import RECIPE_LABEL, SUITES, ensure_base_image, ensure_standin, public_image
+from trialflow.sandbox.docker_pull import pull
+from trialflow.sandbox.image_refs import ImagePolicy, Source, normalize, resolve
 from trialflow.sandbox.reaper import LABEL_MANAGED
 
 if TYPE_CHECKING:
@@ -43,8 +62,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 BUILD_GRACE_S = 30.0  # host-side slack past the build timeout before giving up on the thread
-_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
-_STAGE = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*\S+\s+AS\s+(\S+)", re.IGNORECASE | re.MULTILINE)
+STANDINS_LABEL = "trialflow.standins"  # JSON {public ref: stand-in} of a task image built offline
 
 #: Makes a missing base image on the given engine (returns anything; its result is unused).
 BaseImageMaker = Callable[[docker.DockerClient], object]
@@ -56,92 +74,158 @@ class BlockingRunner(Protocol):
     def __call__(self, fn: Callable[[], T]) -> Awaitable[T]: ...
 
 
-def dockerfile_bases(text: str) -> list[str]:
-    """Images named by the FROM lines of a Dockerfile, in order (flags like --platform skipped)."""
-    return _FROM.findall(text)
-
-
 DEFAULT_BASE_IMAGES: dict[str, BaseImageMaker] = {
     f"trialflow-base:{suite}": partial(ensure_base_image, suite=suite) for suite in SUITES
 }
 
 
+def present_id(client: docker.DockerClient, ref: str) -> str | None:
+    """The id of the local image `ref`, None when absent or when it is a stand-in an older
+    trialflow tagged under a public name (`image_refs` module docstring) (blocking)."""
+    try:
+        img = client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return None
+    if public_image(ref) is not None and RECIPE_LABEL in (img.labels or {}):
+        return None
+    return img.id
+
+
 class DockerImages:
     """Builds and finds task images on one engine. `run` executes a blocking call off the
-    event loop (the backend's thread pool). Concurrent requests for one tag build once;
-    missing base images are made one at a time."""
+    event loop (the backend's thread pool). Concurrent requests for one tag build once; each
+    image a Dockerfile names is got under its own lock (`_provide`)."""
 
     def __init__(
         self,
         client: docker.DockerClient,
         run: BlockingRunner,
         base_images: Mapping[str, BaseImageMaker] | None = None,
+        policy: ImagePolicy | None = None,
     ) -> None:
         self.client = client
+        self.policy = policy or ImagePolicy()
         self._run = run
         self._build_locks: dict[str, asyncio.Lock] = {}
+        self._ref_locks: dict[str, asyncio.Lock] = {}
         self._base_images = dict(DEFAULT_BASE_IMAGES if base_images is None else base_images)
-        self._base_lock = asyncio.Lock()
-        self._ensured: set[str] = set()  # bases checked against their recipe by this process
-        # With custom base makers (tests), public stand-ins are off too.
-        self._public_stand_ins = base_images is None
+        self._ready: dict[str, str] = {}  # normalized ref -> name, made or checked by this process
+        self._progress: dict[str, str] = {}  # task image tag -> what its set-up is doing now
+
+    def progress(self, tag: str) -> str | None:
+        """What getting the image `tag` is doing now (a pull's layers and bytes), or None."""
+        return self._progress.get(tag)
 
     async def ensure(self, image: TaskImage) -> ImageInfo:
-        """Build a task's image (`Task.image`, or its separate verifier's
-        `Task.verifier_image`) unless its tag exists."""
+        """Get a task's image (`Task.image`, or its separate verifier's `Task.verifier_image`):
+        the cached build, its `docker_image`, or a build after getting what it names."""
         tag = image.tag
-        lock = self._build_locks.setdefault(tag, asyncio.Lock())
-        async with lock:
-            t0 = time.monotonic()
-            found = await self._run(lambda: self.image_id(tag))
-            if found:
-                return ImageInfo(tag, found, built=False, duration_s=time.monotonic() - t0)
-            if image.docker_image or image.dockerfile is None:
-                raise ImageUnavailable(
-                    f"{image.label}: image {tag} (docker_image) is not present "
-                    "locally and images cannot be pulled here"
-                )
-            dockerfile = image.dockerfile
-            await self._ensure_bases(await asyncio.to_thread(dockerfile.read_text, errors="replace"))
-            timeout = image.build_timeout_sec
-            try:
-                tail = await asyncio.wait_for(
-                    self._run(lambda: self._build_blocking(image, timeout)), timeout + BUILD_GRACE_S
-                )
-            except TimeoutError:
-                raise ImageBuildTimeout(f"{image.label}: image build exceeded {timeout:.0f}s") from None
-            image_id = await self._run(lambda: self.image_id(tag))
-            if not image_id:
-                raise ImageBuildFailed(f"{image.label}: build finished but {tag} is missing", tail)
-            duration = time.monotonic() - t0
-            log.info("built %s for %s in %.1fs", tag, image.label, duration)
-            return ImageInfo(tag, image_id, built=True, duration_s=duration, log_tail=tail)
+        timeout = image.build_timeout_sec * self.policy.build_timeout_multiplier
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout + BUILD_GRACE_S):
+                async with self._build_locks.setdefault(tag, asyncio.Lock()):
+                    return await self._ensure(image, t0, t0 + timeout)
+        except TimeoutError:
+            raise ImageBuildTimeout(
+                f"{image.label}: image set-up exceeded {timeout:.0f}s ({self._progress.get(tag) or 'building'})"
+            ) from None
+        finally:
+            self._progress.pop(tag, None)
 
-    async def _ensure_bases(self, dockerfile: str) -> None:
-        """Make (or bring up to date) the local bases a Dockerfile names; refuse, before
-        building, a FROM that names an image that is absent and has no stand-in."""
-        stages = {m.lower() for m in _STAGE.findall(dockerfile)}
-        for base in dockerfile_bases(dockerfile):
-            if base.lower() in stages or base == "scratch" or "$" in base:
-                continue
-            make = self._base_images.get(base)
-            if make is None and self._public_stand_ins and public_image(base) is not None:
-                make = partial(ensure_public_image, ref=base)
-            async with self._base_lock:
-                if base in self._ensured:
-                    continue
-                if make is None:
-                    if not await self._run(functools.partial(self.image_id, base)):
-                        raise ImageUnavailable(
-                            f"FROM {base}: the image is not present locally, images cannot be pulled "
-                            "here, and trialflow has no stand-in for it (docs/harbor.md lists them)"
-                        )
-                    continue
-                try:  # cheap when present: the recipe label is compared
-                    await self._run(functools.partial(make, self.client))
-                except Exception as e:  # debootstrap/mirror trouble: worth another attempt
-                    raise BaseImageUnavailable(f"could not make base image {base}: {e}") from e
-                self._ensured.add(base)
+    async def _ensure(self, image: TaskImage, t0: float, deadline: float) -> ImageInfo:
+        tag = image.tag
+
+        def say(line: str) -> None:
+            self._progress[tag] = line
+
+        if image.docker_image or image.dockerfile is None:
+            ref = image.docker_image or tag
+            name = await self._provide(ref, image.label, deadline, say)
+            found = await self._run(lambda: self.image_id(name))
+            if not found:
+                raise ImageUnavailable(f"{image.label}: image {name} (docker_image) vanished")
+            return ImageInfo(name, found, built=False, duration_s=time.monotonic() - t0)
+        found = await self._run(lambda: self._cached(tag))
+        if found:
+            return ImageInfo(tag, found, built=False, duration_s=time.monotonic() - t0)
+        text = await asyncio.to_thread(image.dockerfile.read_text, errors="replace")
+        facts = dockerfile_facts.parse(text)
+        if facts.problems:
+            raise DockerfileUnsupported(image.label, list(facts.problems))
+        refs = facts.refs
+        got = await asyncio.gather(
+            *(self._provide(r, image.label, deadline, say) for r in refs), return_exceptions=True
+        )
+        for outcome in got:  # every one awaited; the first failure is the task's
+            if isinstance(outcome, BaseException):
+                raise outcome
+        standins = {r: n for r, n in zip(refs, got, strict=True) if isinstance(n, str) and n != r}
+        say("building")
+        remaining = max(1.0, deadline - time.monotonic())
+        tail = await self._run(
+            lambda: self._build_blocking(image, remaining, dockerfile_facts.rewrite(text, standins), standins)
+        )
+        image_id = await self._run(lambda: self.image_id(tag))
+        if not image_id:
+            raise ImageBuildFailed(f"{image.label}: build finished but {tag} is missing", tail)
+        duration = time.monotonic() - t0
+        log.info("built %s for %s in %.1fs", tag, image.label, duration)
+        return ImageInfo(tag, image_id, built=True, duration_s=duration, log_tail=tail)
+
+    def _cached(self, tag: str) -> str | None:
+        """The task image's id, unless absent or built from stand-ins while this worker pulls."""
+        try:
+            img = self.client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            return None
+        if not self.policy.offline and STANDINS_LABEL in (img.labels or {}):
+            log.info("%s was built from stand-ins; building it again from the real images", tag)
+            return None
+        return img.id
+
+    async def _provide(self, ref: str, label: str, deadline: float, say: Callable[[str], None]) -> str:
+        """Get the image `ref` a task names; return the name its build uses (`ref`, or the
+        stand-in's). Once per image at a time (a lock per normalized reference)."""
+        key = normalize(ref)
+        async with self._ref_locks.setdefault(key, asyncio.Lock()):
+            if key in self._ready:
+                return self._ready[key]
+            maker = self._base_images.get(ref)
+            present = maker is None and bool(await self._run(lambda: present_id(self.client, ref)))
+            spec = public_image(ref)
+            res = resolve(
+                ref,
+                present=present,
+                has_standin=spec is not None,
+                policy=self.policy,
+                made_here=maker is not None,
+            )
+            if res.source is Source.UNAVAILABLE:
+                raise ImageUnavailable(f"{label}: {res.reason}")
+            if res.source is Source.PULL:
+                await self._run(
+                    lambda: pull(self.client, ref, deadline=deadline, label=label, on_progress=say)
+                )
+                return ref
+            if res.source is Source.LOCAL:
+                return ref
+            if res.source is Source.OWN:
+                assert maker is not None
+                await self._make(ref, partial(maker, self.client), say)
+            else:  # a stand-in: its base under the base's own lock first, so it is made once
+                assert spec is not None
+                await self._provide(f"trialflow-base:{spec.suite}", label, deadline, say)
+                await self._make(res.name, partial(ensure_standin, self.client, ref), say)
+            self._ready[key] = res.name
+            return res.name
+
+    async def _make(self, name: str, make: Callable[[], object], say: Callable[[str], None]) -> None:
+        say(f"making {name}")
+        try:  # cheap when present: the recipe label is compared
+            await self._run(make)
+        except Exception as e:  # debootstrap/mirror trouble: worth another attempt
+            raise BaseImageUnavailable(f"could not make base image {name}: {e}") from e
 
     def image_id(self, tag: str) -> str | None:
         """The local image's id, None when absent (blocking)."""
@@ -150,12 +234,32 @@ class DockerImages:
         except docker.errors.ImageNotFound:
             return None
 
-    def _build_blocking(self, image: TaskImage, timeout: float) -> str:
+    def _build_blocking(self, image: TaskImage, timeout: float, text: str, standins: dict[str, str]) -> str:
+        """`docker build` of the context; with stand-ins, of the rewritten Dockerfile `text`
+        (a file outside the context, which the SDK adds to the context it sends)."""
+        labels = {LABEL_MANAGED: "true", "trialflow.env_hash": image.content_hash}
+        if not standins:
+            return self._build_stream(image, timeout, None, labels)
+        labels[STANDINS_LABEL] = json.dumps(standins, sort_keys=True)
+        fd, path = tempfile.mkstemp(prefix="trialflow-dockerfile-")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            return self._build_stream(image, timeout, path, labels)
+        finally:
+            os.unlink(path)
+
+    def _build_stream(
+        self, image: TaskImage, timeout: float, dockerfile: str | None, labels: dict[str, str]
+    ) -> str:
         lines: deque[str] = deque(maxlen=60)
         t0 = time.monotonic()
         try:
+            # pull=False: what the Dockerfile names was got before (_provide); the engine
+            # would otherwise ask the registry again at every build.
             stream = self.client.api.build(
                 path=str(image.context_dir),
+                dockerfile=dockerfile,
                 tag=image.tag,
                 network_mode="host",
                 rm=True,
@@ -163,7 +267,7 @@ class DockerImages:
                 pull=False,
                 decode=True,
                 timeout=timeout,
-                labels={LABEL_MANAGED: "true", "trialflow.env_hash": image.content_hash},
+                labels=labels,
             )
             for chunk in stream:
                 if "stream" in chunk:
