@@ -128,7 +128,12 @@ async def test_anthropic_sdk_error_shapes(tok):
         await bad.close()
 
 
-async def _after_an_outage(dbl: ScriptedVLLM, request, seconds: float = 1.5):
+# Long enough for the hold to be the only thing between the request and its answer (several
+# keepalive_s of 0.1 s below), short enough that nine such tests stay a short loop.
+OUTAGE_S = 0.6
+
+
+async def _after_an_outage(dbl: ScriptedVLLM, request, seconds: float = OUTAGE_S):
     """Run ``request()`` while ``dbl`` (the only replica) is down, bring it back after
     ``seconds``; returns what the request returned and how long it waited."""
     port = dbl.port
@@ -146,11 +151,11 @@ async def _after_an_outage(dbl: ScriptedVLLM, request, seconds: float = 1.5):
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("protocol", ["anthropic", "openai", "responses"])
 async def test_an_outage_during_a_turn_is_held_and_the_sdk_sees_only_the_answer(tok, protocol, stream):
-    """The replica is down when the turn arrives and back 1.5 s later: the proxy holds the
-    turn (streams get keep-alive pings every 0.2 s), the official SDK gets the model's
+    """The replica is down when the turn arrives and back OUTAGE_S later: the proxy holds the
+    turn (streams get keep-alive pings every 0.1 s), the official SDK gets the model's
     answer and no error; the session counts the hold, no infrastructure error."""
     async with ScriptedVLLM(tok, default=Reply("There are two files.")) as dbl:
-        async with proxy_server(tok, dbl.url, outage_hold_s=30) as srv:
+        async with proxy_server(tok, dbl.url, outage_hold_s=30, keepalive_s=0.1) as srv:
             h = srv.open_session()
             msgs = [{"role": "user", "content": "What files are here?"}]
             if protocol == "anthropic":
@@ -180,7 +185,7 @@ async def test_an_outage_during_a_turn_is_held_and_the_sdk_sees_only_the_answer(
                         return (await s.get_final_completion()).choices[0].message.content
 
             text, waited = await _after_an_outage(dbl, ask)
-            assert text == "There are two files." and waited >= 1.5
+            assert text == "There are two files." and waited >= OUTAGE_S
             c = srv.session(h.session_id).trajectory.counters
             assert (c.turns, c.outage_holds, c.infra_errors) == (1, 1, 0)
             await client.close()
@@ -191,7 +196,7 @@ async def test_a_held_stream_carries_protocol_keepalives_then_the_answer(tok, pr
     """What the SDKs above tolerated, on the wire: Anthropic ``event: ping`` events, OpenAI
     SSE comment lines, every keepalive_s while the turn is held, then the normal events."""
     async with ScriptedVLLM(tok, default=Reply("back")) as dbl:
-        async with proxy_server(tok, dbl.url, outage_hold_s=30) as srv:
+        async with proxy_server(tok, dbl.url, outage_hold_s=30, keepalive_s=0.1) as srv:
             h = srv.open_session()
             msgs = [{"role": "user", "content": "hi"}]
             if protocol == "anthropic":
@@ -210,7 +215,7 @@ async def test_a_held_stream_carries_protocol_keepalives_then_the_answer(tok, pr
                 async with aiohttp.ClientSession() as http, http.post(url, json=body) as r:
                     return r.status, await r.text()
 
-            (status, text), _ = await _after_an_outage(dbl, raw)
+            (status, text), _ = await _after_an_outage(dbl, raw, seconds=1.0)  # ~10 keepalives
     assert status == 200
     if protocol == "anthropic":
         assert text.count("event: ping\n") >= 5
