@@ -44,7 +44,7 @@ if ! .venv/bin/python -c "import verl, transfer_queue, trialflow, temporalio, op
   echo "[setup] pip install trialflow (+verl, dev) into .venv ..."
   .venv/bin/pip install -q --upgrade pip setuptools wheel
   .venv/bin/pip install -q "torch==2.13.0"
-  .venv/bin/pip install -q -e ".[verl,dev]"
+  .venv/bin/pip install -q -e ".[verl,dev,tiny]"
   .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 

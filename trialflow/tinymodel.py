@@ -359,7 +359,12 @@ def _model_config(
 
 def _random_model(config: Qwen3Config, seed: int) -> Qwen3ForCausalLM:
     """A random-init bf16 model whose weights depend only on ``config`` and ``seed``."""
-    import torch
+    try:
+        import torch
+    except ModuleNotFoundError:  # torch is the `tiny` extra: only these weights need it
+        raise ModuleNotFoundError(
+            "the tiny model's weights need torch: pip install 'trialflow[tiny]' (infra/setup.sh does)"
+        ) from None
     from transformers import Qwen3ForCausalLM
 
     with torch.random.fork_rng(devices=[]):
