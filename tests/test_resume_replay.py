@@ -227,12 +227,13 @@ def _final(rig, result) -> Trajectory:
 
 
 async def _crash_at_k(
-    rig, worker: subprocess.Popen, batch_id: str, drift_at: int | None = None, scaffold: str = SCAFFOLD
-):
+    rig, worker: subprocess.Popen, batch_id: str, drift_at: int | None = None, scaffold: str = SCAFFOLD,
+    task: Path = TASK,
+):  # fmt: skip
     """Submit a trial, SIGKILL `worker` while turn K is generated, optionally inject the drift,
     start another worker; return (spec, result, generations the double answered after the kill)."""
     rig.model.arm(K)
-    spec, handle = await rig.run(batch_id, scaffold=scaffold)
+    spec, handle = await rig.run(batch_id, task, scaffold=scaffold)
     await asyncio.wait_for(rig.model.reached.wait(), timeout=180)
     keys1 = TrialKeys(spec.batch_id, spec.trial_id, 1)
     deadline = time.monotonic() + 30  # turn K-1's checkpoint is written before turn K starts
@@ -288,17 +289,12 @@ async def test_a_tool_output_changing_at_turn_j_goes_live_from_there_and_stays_e
     assert token_view(final) == token_view(_final(rig, ref))
 
 
-async def test_replay_from_record_reproduces_without_a_replica_and_finds_a_changed_task_file(
-    rig, tmp_path, capsys
-):
-    """`trialflow replay TRIAL --from-record` (its command function): a finished trial re-run
-    with the double stopped (no replica at all) reproduces; after a task file changes, the
-    first request carrying that file's content is reported, with the diff."""
+def seeded_task(root: Path) -> tuple[Path, Path]:
+    """A copy of TASK whose image holds /app/data/seed.txt ("alpha"; the model's calls cat it):
+    (the task directory, the seed file to change)."""
     import shutil
 
-    from trialflow.cli._record import replay_record
-
-    task = tmp_path / "seeded-task"
+    task = root / "seeded-task"
     shutil.copytree(TASK, task)
     (task / "environment" / "data").mkdir()
     seed = task / "environment" / "data" / "seed.txt"
@@ -306,6 +302,18 @@ async def test_replay_from_record_reproduces_without_a_replica_and_finds_a_chang
     (task / "environment" / "Dockerfile").write_text(
         "FROM trialflow-base:bookworm\nWORKDIR /app\nCOPY data/ /app/data/\n"
     )
+    return task, seed
+
+
+async def test_replay_from_record_reproduces_without_a_replica_and_finds_a_changed_task_file(
+    rig, tmp_path, capsys
+):
+    """`trialflow replay TRIAL --from-record` (its command function): a finished trial re-run
+    with the double stopped (no replica at all) reproduces; after a task file changes, the
+    first request carrying that file's content is reported, with the diff."""
+    from trialflow.cli._record import replay_record
+
+    task, seed = seeded_task(tmp_path)
     rig.start("first")
     spec, handle = await rig.run("recorded", task)
     result = await _finish(handle, spec)

@@ -207,7 +207,8 @@ def _record_of(store: ResultStore, result: TrialResult, unit: Unit) -> AttemptRe
 
 
 class TrajectoryCache:
-    """The last `CACHE_SIZE` trajectories read (a page and its turn pages read the same one)."""
+    """The last `CACHE_SIZE` final trajectories read (a page and its turn pages read the same
+    one). Trajectories rebuilt from checkpoints are read again each time: they may still grow."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self._size = size
@@ -224,6 +225,8 @@ class TrajectoryCache:
             loaded = load_attempt(store, _record_of(store, result, unit))
         except ValueError as err:  # a record naming another store
             loaded = LoadedAttempt(result.attempt_records[0], None, "none", error=str(err))
+        if loaded.source != "final":  # a running or lost attempt's checkpoints may still grow
+            return loaded
         with self._lock:
             self._items[key] = loaded
             while len(self._items) > self._size:

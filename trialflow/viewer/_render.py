@@ -69,12 +69,17 @@ def error_page(message: str, status: int) -> str:
     return page(f"error {status}", f'<p class="err" id="error">{esc(message)}</p>')
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], id_: str = "") -> str:
-    """``rows`` cells are HTML already (escaped by their makers)."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], id_: str = "") -> str:
+    """``rows`` cells are HTML already (escaped by their makers); ``header`` None: a
+    field/value table (each row's first cell is its heading)."""
+
+    def cell(i: int, html_: str) -> str:
+        return f"<th>{html_}</th>" if header is None and i == 0 else f"<td>{html_}</td>"
+
+    head = "" if header is None else "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
+    body = "".join("<tr>" + "".join(cell(i, c) for i, c in enumerate(row)) + "</tr>" for row in rows)
     ident = f' id="{esc(id_)}"' if id_ else ""
-    return f"<table{ident}><tr>{head}</tr>{body}</table>"
+    return f"<table{ident}>{head}{body}</table>"
 
 
 def _link(href: str, text: Any) -> str:
@@ -152,7 +157,7 @@ def _summary(r: TrialResult) -> str:
         ("verifier", r.verifier_trust or ""),
         ("timings s", "  ".join(f"{k} {v:.1f}" for k, v in r.timings.items())),
     ]
-    return _table(["", ""], [[esc(k), esc(v)] for k, v in rows if v], "summary")
+    return _table(None, [[esc(k), esc(v)] for k, v in rows if v], "summary")
 
 
 def _steps(r: TrialResult) -> str:
@@ -247,7 +252,7 @@ def _resume_note(status: dict[str, Any]) -> str:
     text = f"resumed: replayed {status.get('replayed')} of {status.get('replayable_turns')} recorded turns"
     if isinstance(div, dict):
         text += (
-            f"; from request {div.get('turn')} live ({div.get('reason')}"
+            f"; live from turn {_one_based(div.get('turn'))} on ({div.get('reason')}"
             + (
                 f", first differing prompt token {div['first_diff_token']}"
                 if div.get("first_diff_token") is not None
@@ -256,6 +261,11 @@ def _resume_note(status: dict[str, Any]) -> str:
             + ")"
         )
     return f'<p class="note resume">{esc(text)}</p>'
+
+
+def _one_based(index: Any) -> Any:
+    """A divergence's request index (proxy.replay counts from 0) as this viewer's turn number."""
+    return index + 1 if isinstance(index, int) else index
 
 
 def _segments_table(r: TrialResult, u: Any, traj: Trajectory) -> str:
@@ -391,7 +401,7 @@ def turn_page(r: TrialResult, u: Any, traj: Trajectory, n: int, decode: Decode) 
         ("policy version", esc("" if turn.policy_version is None else f"{turn.policy_version}..{turn.policy_version_end}")),
         ("parse failures", esc(turn.parse_failures)),
     ]  # fmt: skip
-    body = [_table(["", ""], [[esc(k), v] for k, v in facts], "turn")]
+    body = [_table(None, [[esc(k), v] for k, v in facts], "turn")]
     body.append(_answer(turn))
     body.append("<h2>tokens</h2>" + _legend())
     gen_start = turn.prompt_tokens
