@@ -139,7 +139,9 @@ def read_result(store: ResultStore, batch_id: str, trial_id: str) -> TrialResult
     try:
         raw = _guard(lambda: store.get_bytes(trial_result_key(batch_id, trial_id)))
     except ObjectNotFound:
-        raise NotFound(f"no stored result for trial {trial_id!r} of batch {batch_id!r}") from None
+        raise NotFound(
+            f"no stored result for trial {trial_id!r} of batch {batch_id!r} (still running, or it never finished)"
+        ) from None
     try:
         return TrialResult.model_validate_json(raw)
     except ValidationError as err:

@@ -232,3 +232,59 @@ def test_view_with_wrong_s3_keys_is_one_line(s3_endpoint):
         and lines[0].startswith("error: cannot read the store (S3 ")
         and "Traceback" not in res.output
     )
+
+
+async def test_a_multi_step_trial_shows_each_steps_session_and_verifier_output(tmp_path, serve):
+    """Steps live under attempt-{n}/steps/{key}/ with an attempt's layout (trialflow.storage):
+    one unit per step, each with its own trajectory, turns and verifier output."""
+    from workflows.shared import StepResult
+
+    store = make_store(tmp_path, lost_attempt=False)
+    for key, out in [("0-build", "build ok"), ("1-test", "2 passed")]:
+        keys = TrialKeys(BATCH, TRIAL, 1, key)
+        store.put_bytes(keys.trajectory, make_trajectory().to_bytes())
+        store.put_bytes(keys.log("verifier/stdout.txt"), out.encode())
+    result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(BATCH, TRIAL)))
+    steps = [
+        StepResult(name=n, reward=1.0, reward_valid=True, termination_reason="submitted")
+        for n in ("build", "test")
+    ]
+    store.put_bytes(
+        trial_result_key(BATCH, TRIAL),
+        result.model_copy(update={"step_results": steps}).model_dump_json().encode(),
+    )
+    client = await serve(store)
+    page = await _get(client, trial_url(TRIAL))
+    assert 'id="steps"' in page and "attempt 1, step 0-build" in page and "attempt 1, step 1-test" in page
+    build, test = page.split("attempt 1, step 0-build")[1].split("attempt 1, step 1-test")
+    assert "build ok" in build and "2 passed" not in build and "2 passed" in test
+    assert turn_url(TRIAL, 1, batch_id=BATCH, attempt=1, step="1-test").replace("&", "&amp;") in page
+    turn = await _get(client, turn_url(TRIAL, 2, attempt=1, step="1-test"))
+    assert "(attempt 1, step 1-test)" in turn
+    assert "no attempt 1 step &#x27;9-x&#x27;" in await _get(client, turn_url(TRIAL, 1, step="9-x"), 404)
+
+
+def test_view_serves_until_ctrl_c(tmp_path):
+    """The command itself: one line with its address, pages served, Ctrl-C ends it quietly."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    make_store(tmp_path)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TRIALFLOW_S3")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from trialflow.cli import app; app()", "view", "--store-dir", str(tmp_path / "store"), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**env, "COLUMNS": "300"},
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("trajectory viewer on http://127.0.0.1:"), line
+        url = line.split()[3]
+        with urllib.request.urlopen(url) as resp:
+            assert resp.status == 200 and f"/batch/{BATCH}" in resp.read().decode()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in out, out
