@@ -3,8 +3,9 @@ thread). The only I/O of the viewer besides the server itself.
 
 Everything is read through `trialflow.storage` (the store layout, `load_attempt`, the one
 trajectory reader) and `trialflow.inspection` (verifier output). Bounds, so a huge trial never
-makes a huge page or a huge process: a batch page lists `TRIALS_PER_PAGE` trials, a log shows
-its last `LOG_TAIL_BYTES`, and decoded trajectories are kept in a small LRU (`CACHE_SIZE`).
+makes a huge page or a huge process: a batch page lists `TRIALS_PER_PAGE` trials, a unit shows
+`LOGS_SHOWN` log files, each its last `LOG_TAIL_BYTES`, and decoded trajectories are kept in a
+small LRU (`CACHE_SIZE`).
 
 Errors a user can cause (an unknown batch or trial, a missing store, a corrupt result or
 trajectory) are `ViewerError`s with a one-line message and an HTTP status; a corrupt
@@ -18,7 +19,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -37,6 +38,7 @@ from workflows.shared import TrialResult
 
 TRIALS_PER_PAGE = 100
 LOG_TAIL_BYTES = 64 << 10
+LOGS_SHOWN = 20
 CACHE_SIZE = 4
 
 
@@ -102,6 +104,7 @@ class UnitView:
     unit: Unit
     loaded: LoadedAttempt
     logs: dict[str, LogText]  # scaffold.log, scaffold/..., verifier/... (artifacts left out)
+    logs_left_out: list[str] = field(default_factory=list)  # past LOGS_SHOWN
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,7 @@ def find_batch(store: ResultStore, trial_id: str) -> str:
 
 
 def trial_page(store: ResultStore, result: TrialResult, cache: TrajectoryCache) -> TrialPage:
-    units = [UnitView(u, cache.get(store, u, result), _logs(store, u)) for u in trial_units(store, result)]
+    units = [UnitView(u, cache.get(store, u, result), *_logs(store, u)) for u in trial_units(store, result)]
     return TrialPage(result, units, _replays(store, result))
 
 
@@ -236,13 +239,21 @@ class TrajectoryCache:
         return loaded
 
 
-def _logs(store: ResultStore, unit: Unit) -> dict[str, LogText]:
-    """The unit's logs (the agent's and the verifier's), each its last `LOG_TAIL_BYTES`."""
+# The logs every unit has read first; then the rest by name, up to `LOGS_SHOWN` files.
+_FIRST_LOGS = ("scaffold.log", "verifier/stdout.txt", "verifier/stderr.txt")
+
+
+def _logs(store: ResultStore, unit: Unit) -> tuple[dict[str, LogText], list[str]]:
+    """The unit's logs (the agent's and the verifier's), each its last `LOG_TAIL_BYTES`, at
+    most `LOGS_SHOWN` files (an agent can leave a thousand files in /logs/verifier); and the
+    names of those left out."""
     prefix = f"{unit.keys.root}/logs/"
-    keys = [
-        k for k in _guard(lambda: store.list_keys(prefix)) if not k[len(prefix) :].startswith("artifacts/")
-    ]
-    return {k[len(prefix) :]: _tail(store, k) for k in keys}
+    names = [
+        k[len(prefix) :] for k in _guard(lambda: store.list_keys(prefix))
+        if not k[len(prefix) :].startswith("artifacts/")
+    ]  # fmt: skip
+    names.sort(key=lambda n: (n not in _FIRST_LOGS, _FIRST_LOGS.index(n) if n in _FIRST_LOGS else 0, n))
+    return {n: _tail(store, prefix + n) for n in names[:LOGS_SHOWN]}, names[LOGS_SHOWN:]
 
 
 def _tail(store: ResultStore, key: str) -> LogText:

@@ -5,8 +5,8 @@ agent-controlled and goes through `esc` (html.escape, quotes too) and nowhere el
 values are escaped the same way. The pages carry no script at all and load nothing from
 outside (styles inline), and the server adds a Content-Security-Policy that forbids scripts,
 so even a missed escape could not run one. Sizes are bounded: `PAGE_TOKENS` tokens per token
-view (the rest one link away, paged), `TURNS_SHOWN` turns per attempt table, logs already cut to
-their tail by `_data`.
+view (the rest one link away, paged), `TURNS_SHOWN` turns per attempt table, `TEXT_CHARS` per
+answer text or tool call, logs already cut to their tail by `_data`.
 
 Colours: prompt tokens grey; mask 0 (environment: tool output and template text the model did
 not generate, not trained on) blue; mask 1 (generated, trained on) from red (logprob low) to
@@ -29,6 +29,7 @@ from workflows.shared import TrialResult
 
 PAGE_TOKENS = 2000
 TURNS_SHOWN = 500
+TEXT_CHARS = 64 << 10
 Decode = Callable[[int], str] | None
 
 _CSS = """
@@ -244,6 +245,9 @@ def _unit(r: TrialResult, view: UnitView) -> str:
         parts.append(_turns_table(r, u, traj))
     for name, log in view.logs.items():
         parts.append(_log_block(name, log))
+    if view.logs_left_out:
+        names = ", ".join(view.logs_left_out[:50]) + (" ..." if len(view.logs_left_out) > 50 else "")
+        parts.append(f'<p class="note">{len(view.logs_left_out)} more log files not shown: {esc(names)}</p>')
     return "".join(parts)
 
 
@@ -441,16 +445,31 @@ def _answer(turn: TurnRecord) -> str:
         return "<p>no answer kept (a record written before answers were kept)</p>"
     parts = ["<h2>answer</h2>"]
     if a.get("reasoning"):
-        parts.append(f'<h3>reasoning</h3><pre id="reasoning">{esc(a["reasoning"])}</pre>')
-    parts.append(f'<h3>content</h3><pre id="content">{esc(a.get("content") or "(none)")}</pre>')
+        parts.append(f'<h3>reasoning</h3><pre id="reasoning">{esc(_capped(a["reasoning"]))}</pre>')
+    parts.append(f'<h3>content</h3><pre id="content">{esc(_capped(a.get("content") or "(none)"))}</pre>')
     calls = a.get("tool_calls") or []
     if calls:
         rows = [
-            [esc(c.get("id", "")), esc(c.get("name", "")), f"<pre>{esc(_pretty(c.get('arguments')))}</pre>"]
+            [
+                esc(c.get("id", "")),
+                esc(c.get("name", "")),
+                f"<pre>{esc(_capped(_pretty(c.get('arguments'))))}</pre>",
+            ]
             for c in calls
         ]
         parts.append("<h3>tool calls</h3>" + _table(["id", "name", "arguments"], rows, "tool-calls"))
     return "".join(parts)
+
+
+def _capped(text: Any) -> str:
+    """An answer's text at most `TEXT_CHARS` characters (a turn can generate megabytes)."""
+    text = str(text)
+    if len(text) <= TEXT_CHARS:
+        return text
+    return (
+        text[:TEXT_CHARS]
+        + f"\n[... {len(text) - TEXT_CHARS} more characters; every token is on the segment page]"
+    )
 
 
 def _pretty(arguments: Any) -> str:

@@ -288,3 +288,27 @@ def test_view_serves_until_ctrl_c(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0 and "Traceback" not in out, out
+
+
+async def test_a_flood_of_logs_and_a_huge_answer_stay_bounded(tmp_path, serve):
+    """An agent leaving 300 files in /logs/verifier, one of them 1 MiB, and a turn whose tool
+    call is 1 MiB of text: the page shows the first LOGS_SHOWN files (the usual ones first),
+    each a 64 KiB tail, names the rest, and cuts the answer with a note."""
+    from trialflow.viewer._data import LOG_TAIL_BYTES, LOGS_SHOWN
+    from trialflow.viewer._render import TEXT_CHARS
+
+    traj = make_trajectory()
+    traj.turns[0].answer["tool_calls"][0]["arguments"] = {"command": "x" * (1 << 20)}
+    store = make_store(tmp_path, traj, lost_attempt=False)
+    keys = TrialKeys(BATCH, TRIAL, 1)
+    for i in range(300):
+        store.put_bytes(keys.log(f"verifier/files/f{i:03d}.txt"), (b"y" * (1 << 20)) if i == 0 else b"z")
+    page = await _get(await serve(store), trial_url(TRIAL))
+    shown = re.findall(r'data-log="([^"]+)"', page)
+    assert len(shown) == LOGS_SHOWN and shown[:2] == ["scaffold.log", "verifier/stdout.txt"]
+    assert f"{300 + 2 - LOGS_SHOWN} more log files not shown" in page
+    assert f"{(1 << 20) - LOG_TAIL_BYTES} earlier bytes left out" in page
+    assert len(page) < LOGS_SHOWN * LOG_TAIL_BYTES + 200_000
+    turn = await _get(await serve(store), turn_url(TRIAL, 1))
+    assert "more characters; every token is on the segment page" in turn
+    assert len(turn) < 2 * TEXT_CHARS + 400_000
