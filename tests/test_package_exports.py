@@ -13,6 +13,7 @@ PACKAGES_WITH_SURFACE = [
     "proxy",
     "proxy.parsers",
     "trialflow.sandbox",
+    "trialflow.compose",
     "trialflow.scaffolds",
     "trialflow.families",
     "trialflow.viewer",

@@ -5,8 +5,10 @@
     TrialflowError                      base; `retryable` says whether Temporal may retry
     ├── TaskError                       the task directory itself is unusable      (never retried)
     │   ├── TaskInvalid                 bad/missing file or field; names `file` and `field`
-    │   ├── UnsupportedEnvironment      environment/docker-compose.yaml (refused before anything is built)
-    │   ├── UnsupportedFeature          task.toml asks for what trialflow does not do; lists each one
+    │   ├── UnsupportedEnvironment      an environment trialflow cannot run: docker-compose.yml (Harbor reads
+    │   │                               .yaml only), a compose verifier environment (refused at load)
+    │   ├── UnsupportedFeature          task.toml or environment/docker-compose.yaml asks for what trialflow
+    │   │                               does not do; lists each one
     │   ├── TaskEnvMissing              [environment].env `${VAR}` with VAR unset on the host, no default
     │   └── DockerfileUnsupported       the Dockerfile uses what the engine's builder refuses (BuildKit
     │                                   flags, heredocs, unknown instructions); every one, by line
@@ -23,6 +25,10 @@
     │   ├── GpusUnavailable             the task asks for more GPUs than this host has  (never retried)
     │   ├── EntrypointExited            the image's ENTRYPOINT ended the container at start (never retried)
     │   ├── HealthcheckFailed           [environment.healthcheck] failed by Harbor's rules (never retried)
+    │   ├── ServiceFailed               a compose service could not start, exited, or lacks the healthcheck
+    │   │   │                           a `service_healthy` dependency needs          (never retried)
+    │   │   ├── ServiceUnhealthy        its healthcheck failed `retries` times: the last probe's output
+    │   │   └── ServiceStartTimeout     not ready within `compose_start_timeout_s`    (retried: slow host)
     │   ├── StepSetupFailed             a step's workdir/setup.sh or [steps.healthcheck] failed: an outcome
     │   │                               of that step (returned as data; the sequence stops there)
     │   ├── SandboxLost                 container or engine vanished mid-trial         (retried)
@@ -202,6 +208,25 @@ class HealthcheckFailed(SandboxError):
     """[environment.healthcheck] failed `retries` consecutive times after its start period."""
 
     retryable = False
+
+
+class ServiceFailed(SandboxError):
+    """A compose service (trialflow.sandbox.pod) could not be started, exited while it was
+    needed, or is waited on as `service_healthy` without a healthcheck: the task's fault."""
+
+    retryable = False
+
+
+class ServiceUnhealthy(ServiceFailed):
+    """A compose service's healthcheck reported it unhealthy (the engine's rules: `retries`
+    failures in a row after its start period); the message carries the last probe's output."""
+
+
+class ServiceStartTimeout(ServiceFailed):
+    """The compose services were not ready within the backend's `compose_start_timeout_s`
+    (a slow host or a dependency that never completes)."""
+
+    retryable = True
 
 
 class StepSetupFailed(SandboxError):

@@ -139,6 +139,11 @@ class TrialflowSettings(BaseSettings):
     # dead workers). Must exceed the longest trial.
     reap_after_s: float = Field(default=6 * 3600, gt=0)
 
+    # Compose environments (environment/docker-compose.yaml, trialflow.sandbox.pod): how long
+    # a task's services may take, all together, to start and pass their healthchecks before
+    # set-up fails with ServiceStartTimeout (retried). Harbor's `up --wait` has no bound.
+    compose_start_timeout_s: float = Field(default=600.0, gt=0)
+
     def sandbox_policy(self) -> SandboxPolicy:
         from trialflow.sandbox.policy import SandboxPolicy  # the docker SDK only where sandboxes run
 

@@ -19,9 +19,12 @@ Layout (Harbor format)::
                              its setup.sh then runs there (a failure stops the sequence)
 
 Order of checks (so the first error is the one that matters): the directory exists; no
-compose file (`UnsupportedEnvironment`: refused before anything is built); task.toml parses
-and validates as Harbor's schema (`TaskInvalid` naming the field); no feature trialflow
-refuses (`UnsupportedFeature`, every one listed: `unsupported_features`); then the files.
+`environment/docker-compose.yml` (Harbor reads only `.yaml`: `UnsupportedEnvironment`);
+task.toml parses and validates as Harbor's schema (`TaskInvalid` naming the field);
+`environment/docker-compose.yaml`, when present, is valid Compose (`TaskInvalid` naming the
+file and field); no feature trialflow refuses, in task.toml or the compose file
+(`UnsupportedFeature`, every one listed: `unsupported_features`, `trialflow.compose.load`);
+then the files.
 
 Edge cases:
 - Unknown keys anywhere are kept (pydantic `extra="allow"`), listed in `Task.unknown_keys`
@@ -49,6 +52,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trialflow.compose import COMPOSE_FILE, ComposeInvalid, ComposeProject, ComposeRefused, ComposeService
+from trialflow.compose import interpolation_env as compose_interpolation_env
+from trialflow.compose import load_compose as parse_compose
 from trialflow.errors import TaskEnvMissing, TaskInvalid, UnsupportedEnvironment, UnsupportedFeature
 from trialflow.task_config import (
     MAIN_SERVICE,
@@ -69,7 +75,9 @@ __all__ = [
     "hash_tree",
     "load_task",
     "parse_size_mb",
+    "load_task_compose",
     "resolve_env",
+    "service_image",
     "strip_canary",
     "unsupported_features",
 ]
@@ -83,7 +91,7 @@ TEST_SCRIPT = "tests/test.sh"
 VERIFIER_DOCKERFILE = "tests/Dockerfile"  # the separate verifier environment's (Harbor)
 SOLVE_SCRIPT = "solution/solve.sh"
 STEPS_DIR = "steps"
-COMPOSE_FILES = ("environment/docker-compose.yaml", "environment/docker-compose.yml")
+COMPOSE = f"environment/{COMPOSE_FILE}"  # the one name Harbor's docker environment reads
 # Harbor's template: the WHOLE value is `${VAR}` or `${VAR:-default}`; anything else is literal.
 _ENV_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
 
@@ -155,11 +163,12 @@ def unsupported_features(config: TaskConfig) -> list[str]:
     for step in config.steps or []:
         out.extend(_step_refusals(config, step))
     if config.verifier.collect:
-        out.append("[[verifier.collect]]: collect hooks need compose services, which are refused")
+        out.append("[[verifier.collect]]: collect hooks are not run")
     for a in config.artifact_entries():
         if a.service not in (None, MAIN_SERVICE):
             out.append(
-                f"artifacts: source {a.source!r} from service {a.service!r}: compose services are refused"
+                f"artifacts: source {a.source!r} from service {a.service!r}: artifacts are collected from "
+                "the main service only"
             )
     for where, value in (
         ("[agent].timeout_sec", config.agent.timeout_sec),
@@ -191,13 +200,13 @@ def _step_refusals(config: TaskConfig, step: StepConfig) -> list[str]:
         refused = _environment_refusals(step.verifier.environment, "[steps.verifier.environment]")
         out += [f"{where}: {r}" for r in refused]
     if step.verifier.collect:
-        out.append(
-            f"{where}: [[steps.verifier.collect]]: collect hooks need compose services, which are refused"
-        )
+        out.append(f"{where}: [[steps.verifier.collect]]: collect hooks are not run")
     for a in step.artifacts:
         service = None if isinstance(a, str) else a.service
         if service not in (None, MAIN_SERVICE):
-            out.append(f"{where}: artifacts from service {service!r}: compose services are refused")
+            out.append(
+                f"{where}: artifacts from service {service!r}: artifacts are collected from the main service only"
+            )
     for name, value in (
         ("agent.timeout_sec", step.agent.timeout_sec),
         ("verifier.timeout_sec", step.verifier.timeout_sec),
@@ -238,9 +247,47 @@ class TaskImage(BaseModel):
     content_hash: str  # sha256 hex of context_dir: the cache key
     prefix: str = "trialflow-task"
 
+    # a compose service's build (`trialflow.compose.ServiceBuild`): its args and target
+    build_args: dict[str, str] = {}
+    target: str | None = None
+
     @property
     def tag(self) -> str:
         return self.docker_image or f"{self.prefix}:{self.content_hash[:32]}"
+
+
+def service_image(task_label: str, service: ComposeService, build_timeout_sec: float) -> TaskImage:
+    """The image of a compose service: the one its `build` makes, tagged
+    `trialflow-service:<hash>` of its context, Dockerfile, args and target (never the
+    service's own `image:` name, so no public tag is overwritten); without a build, its
+    `image`, got as a `docker_image` is (present, pulled, or offline a stand-in)."""
+    label = f"{task_label} (service {service.name})"
+    build = service.build
+    if build is None:
+        assert service.image is not None  # compose.load: image or build
+        return TaskImage(
+            label=label,
+            context_dir=Path("."),
+            dockerfile=None,
+            docker_image=service.image,
+            build_timeout_sec=build_timeout_sec,
+            content_hash=hashlib.sha256(service.image.encode()).hexdigest(),
+        )
+    h = hashlib.sha256(hash_tree(build.context).encode())
+    h.update(os.path.relpath(build.dockerfile, build.context).encode() + b"\0")
+    h.update(build.dockerfile.read_bytes())
+    h.update(repr((sorted(build.args.items()), build.target)).encode())
+    return TaskImage(
+        label=label,
+        context_dir=build.context,
+        dockerfile=build.dockerfile,
+        docker_image=None,
+        build_timeout_sec=build_timeout_sec,
+        content_hash=h.hexdigest(),
+        prefix="trialflow-service",
+        build_args=build.args,
+        target=build.target,
+    )
 
 
 class SeparateVerifier(BaseModel):
@@ -302,6 +349,9 @@ class Task(BaseModel):
     env_hash: str  # sha256 hex of environment/
     content_hash: str  # sha256 hex of the whole task dir
     image: TaskImage  # the agent's: environment/, or the prebuilt docker_image
+    # environment/docker-compose.yaml as loaded (variables from the loading process; set-up
+    # loads it again with the worker's: `load_task_compose`); None: no compose file
+    compose: ComposeProject | None = None
     unknown_keys: tuple[str, ...] = ()
     # None: the verifier shares the agent's sandbox. Always None on a multi-step task itself:
     # each step resolves its own (`TaskStep.separate_verifier`, set on its `step_view`).
@@ -431,12 +481,11 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     tdir = str(root)
     if not root.is_dir():
         raise TaskInvalid(tdir, ".", None, "task directory does not exist")
-    for compose in COMPOSE_FILES:
-        if (root / compose).exists():
-            raise UnsupportedEnvironment(
-                f"{tdir}: {compose}: docker-compose environments are refused: Harbor runs them as "
-                "compose projects on bridge networks, which are never created here"
-            )
+    if (root / "environment/docker-compose.yml").exists() and not (root / COMPOSE).exists():
+        raise UnsupportedEnvironment(
+            f"{tdir}: environment/docker-compose.yml: rename it to {COMPOSE_FILE} (Harbor's docker "
+            "environment reads only that name and would run the task without its services)"
+        )
 
     toml_path = root / TASK_TOML
     if not toml_path.is_file():
@@ -454,13 +503,8 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         (field, message), more = found[0], tuple(found[1:])
         raise TaskInvalid(tdir, TASK_TOML, field, message, more) from None
     refused = unsupported_features(config)
-    if refused:
-        raise UnsupportedFeature(tdir, refused)
-
-    dockerfile = root / DOCKERFILE if (root / DOCKERFILE).is_file() else None
-    if dockerfile is None and config.environment.docker_image is None:
-        raise TaskInvalid(tdir, DOCKERFILE, None, "file is missing and [environment].docker_image is not set")
     env_hash = hash_tree(root, ["environment"])
+    dockerfile = root / DOCKERFILE if (root / DOCKERFILE).is_file() else None
     agent_image = TaskImage(
         label=f"task {root.name}",
         context_dir=root / "environment",
@@ -469,6 +513,16 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         build_timeout_sec=config.environment.build_timeout_sec,
         content_hash=env_hash,
     )
+    compose = None
+    if (root / COMPOSE).is_file():
+        try:
+            compose = load_task_compose(root, config, agent_image, os.environ, strict=False)
+        except ComposeRefused as e:
+            refused += [f"{COMPOSE}: {r}" for r in e.reasons]
+    if refused:
+        raise UnsupportedFeature(tdir, refused)
+    if dockerfile is None and config.environment.docker_image is None:
+        raise TaskInvalid(tdir, DOCKERFILE, None, "file is missing and [environment].docker_image is not set")
     steps = tuple(
         _load_step(root, s.name, i, _separate_verifier(root, config, agent_image, s))
         for i, s in enumerate(config.steps or [], start=1)
@@ -505,9 +559,43 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         content_hash=hash_tree(root, [TASK_TOML, INSTRUCTION, "environment", "tests", "solution", STEPS_DIR]),
         unknown_keys=extras,
         image=agent_image,
+        compose=compose,
         separate_verifier=None if steps else _separate_verifier(root, config, agent_image),
         steps=steps,
     )
+
+
+def load_task_compose(
+    root: Path, config: TaskConfig, agent_image: TaskImage, host_env: Any, *, strict: bool = True
+) -> ComposeProject:
+    """environment/docker-compose.yaml with Compose's variables as Harbor sets them
+    (`trialflow.compose.interpolation_env`: `host_env`, the task's [environment].env,
+    Harbor's MAIN_IMAGE_NAME etc.). Not strict (at load, maybe not where it will run): a
+    task env template whose variable is unset, and `${VAR?}` in the file, give "".
+    Raises TaskInvalid (what Compose rejects), ComposeRefused, TaskEnvMissing (strict)."""
+    envcfg = config.environment
+    if strict:
+        task_env = resolve_env(envcfg.env, host_env)
+    else:
+        task_env = {}
+        for key, value in envcfg.env.items():
+            try:
+                task_env.update(resolve_env({key: value}, host_env))
+            except TaskEnvMissing:
+                task_env[key] = ""
+    env = compose_interpolation_env(
+        host_env,
+        task_env,
+        main_image=agent_image.tag,
+        context_dir=agent_image.context_dir,
+        prebuilt_image=envcfg.docker_image,
+        cpus=envcfg.cpus,
+        memory_mb=envcfg.memory_mb,
+    )
+    try:
+        return parse_compose(root / COMPOSE, env, strict=strict)
+    except ComposeInvalid as e:
+        raise TaskInvalid(str(root), COMPOSE, e.field or None, e.message) from None
 
 
 def _read_instruction(root: Path, rel: str) -> str:
@@ -566,7 +654,7 @@ def _separate_verifier(
         if (tests / "docker-compose.yaml").is_file():
             raise UnsupportedEnvironment(
                 f"{root}: {rel}/docker-compose.yaml: docker-compose verifier environments are refused: "
-                "Harbor runs them as compose projects on bridge networks, which are never created here"
+                "a separate verifier runs in one fresh container, without services"
             )
         if own is not None and own.docker_image:
             image = TaskImage(

@@ -34,7 +34,15 @@ from workflows.shared import TrialResult
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "tasks"
 BROKEN_DOCKERFILE = REPO / "tests" / "trialflow" / "fixtures" / "tasks" / "broken-dockerfile"
-SOLVABLE = ["create-file", "fix-bug", "log-pipeline", "multi-step", "reward-json", "separate-verifier"]
+SOLVABLE = [
+    "compose-services",
+    "create-file",
+    "fix-bug",
+    "log-pipeline",
+    "multi-step",
+    "reward-json",
+    "separate-verifier",
+]
 
 pytestmark = [pytest.mark.temporal, pytest.mark.docker, pytest.mark.s3]
 
@@ -246,3 +254,27 @@ async def test_a_broken_verifier_environment_is_a_verifier_error(
     assert r.termination_reason == "verifier_error" and not r.reward_valid
     assert r.error is not None and r.error.type == "EntrypointExited" and r.error.phase == "verify"
     assert r.attempts == 1 and "grader-misconfigured" in r.error.message
+
+
+async def test_an_unhealthy_compose_service_is_a_setup_error(
+    client, settings, worker, no_leaked_sandboxes, tmp_path
+):
+    """A compose service whose healthcheck fails: set-up fails once, typed and not retried
+    (termination setup_error, the engine's reason in the error); no container of the pod
+    is left (the fixture checks every container of this worker)."""
+    import shutil
+
+    task = tmp_path / "compose-unhealthy"
+    shutil.copytree(EXAMPLES / "compose-services", task)
+    compose = task / "environment" / "docker-compose.yaml"
+    compose.write_text(
+        compose.read_text().replace(
+            "curl -fsS http://localhost:6000/ready", "curl -fsS http://localhost:6000/nope"
+        )
+    )
+    specs = batch.make_specs(f"unhealthy-{uuid.uuid4().hex[:6]}", [task], "oracle", attempt_limit=2)
+    (r,) = await _run(client, settings, specs)
+    assert r.termination_reason == "setup_error", r
+    assert r.error is not None and r.error.type == "ServiceUnhealthy", r.error
+    assert r.error.non_retryable and r.error.attempt == 1  # the task's fault: one attempt of two
+    assert "service kv is unhealthy" in r.error.message and "404" in r.error.message

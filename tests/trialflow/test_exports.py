@@ -1,6 +1,24 @@
-"""Pins the public surface of the sandbox and scaffold packages."""
+"""Pins the public surface of the sandbox, scaffold and compose packages."""
 
-from trialflow import sandbox, scaffolds
+from trialflow import compose, sandbox, scaffolds
+
+
+def test_compose_exports():
+    assert sorted(compose.__all__) == [
+        "BindMount",
+        "COMPOSE_FILE",
+        "ComposeInvalid",
+        "ComposeProject",
+        "ComposeRefused",
+        "ComposeService",
+        "Condition",
+        "Dependency",
+        "MAIN",
+        "ServiceBuild",
+        "ServiceHealthcheck",
+        "interpolation_env",
+        "load_compose",
+    ]
 
 
 def test_sandbox_exports():

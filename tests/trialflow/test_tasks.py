@@ -197,14 +197,16 @@ def test_missing_toml_syntax_error_and_bad_encoding(tmp_path):
         load_task(tmp_path / "nowhere")
 
 
-@pytest.mark.parametrize("name", ["docker-compose.yaml", "docker-compose.yml"])
-def test_compose_environment_is_unsupported(tmp_path, name):
+def test_compose_environment_loads_and_yml_is_refused(tmp_path):
+    """environment/docker-compose.yaml is loaded (tests/trialflow/test_compose.py has its
+    rules); Harbor reads no other name, so a .yml alone is refused rather than ignored."""
     root = make_task(tmp_path / "t")
-    (root / "environment" / name).write_text("services: {}\n")
-    with pytest.raises(
-        UnsupportedEnvironment, match="docker-compose environments are refused.*bridge networks"
-    ):
+    (root / "environment" / "docker-compose.yml").write_text("services: {}\n")
+    with pytest.raises(UnsupportedEnvironment, match="docker-compose.yml: rename it to docker-compose.yaml"):
         load_task(root)
+    (root / "environment" / "docker-compose.yaml").write_text("services: {}\n")
+    task = load_task(root)
+    assert task.compose is not None and task.compose.services == ()
 
 
 def test_hashes_are_stable_and_scoped(tmp_path):

@@ -193,6 +193,7 @@ class WorkerProcess:
             policy=settings.sandbox_policy(),
             limits=limits,
             images=settings.image_policy(),
+            compose_start_timeout_s=settings.compose_start_timeout_s,
         )
         self.proxy = open_proxy(settings)
         self._store, self._worker_id = store, worker_id

@@ -97,6 +97,13 @@ class Sandbox(abc.ABC):
     def id(self) -> str:
         """Stable identifier, valid for `SandboxBackend.attach` on the same host."""
 
+    @property
+    def local_names(self) -> tuple[str, ...]:
+        """Host names besides localhost that resolve to the sandbox's own loopback (a compose
+        task's services: `trialflow.sandbox.pod`). Clients in the sandbox reach them directly,
+        never through an egress proxy (its `NO_PROXY`)."""
+        return ()
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Start the sandbox. Idempotent. Raises SandboxStartFailed."""

@@ -50,28 +50,32 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
+from trialflow.compose import ComposeProject, ComposeRefused
 from trialflow.errors import (
     GpusUnavailable,
     ImageUnavailable,
     SandboxLost,
     SandboxStartFailed,
     TaskEnvMissing,
+    UnsupportedFeature,
 )
 from trialflow.sandbox import gpus, seccomp, toolchain
 from trialflow.sandbox.base import ImageInfo, Mount, ReapReport, Sandbox, SandboxBackend
 from trialflow.sandbox.docker_images import BaseImageMaker, DockerImages
 from trialflow.sandbox.docker_sandbox import DockerSandbox
 from trialflow.sandbox.image_refs import ImagePolicy
+from trialflow.sandbox.pod import DockerPod
 from trialflow.sandbox.policy import SandboxPolicy
 from trialflow.sandbox.reaper import (
     LABEL_CREATED_AT,
+    LABEL_LOCAL_NAMES,
     LABEL_MANAGED,
     LABEL_TRIAL_ID,
     LABEL_VERIFIER_OF,
     reap_containers,
 )
 from trialflow.sandbox.transfer import TransferLimits
-from trialflow.tasks import resolve_env
+from trialflow.tasks import load_task_compose, resolve_env, service_image
 
 if TYPE_CHECKING:
     from trialflow.tasks import Task
@@ -107,6 +111,8 @@ class DockerBackend(SandboxBackend):
     use trialflow's stand-ins (`trialflow.sandbox.image_refs`). `exec_grace_s`: see the module docstring.
     `toolchain`: the host's static busybox mounted into every sandbox (checked at the first
     `create`: ToolchainUnavailable when missing or dynamically linked).
+    `compose_start_timeout_s`: how long a compose task's services may take to be ready
+    (trialflow.sandbox.pod; ServiceStartTimeout after it).
     """
 
     def __init__(
@@ -124,7 +130,9 @@ class DockerBackend(SandboxBackend):
         toolchain: Path = toolchain.HOST_BUSYBOX,
         host_gpus: int | None = None,
         images: ImagePolicy | None = None,
+        compose_start_timeout_s: float = 600.0,
     ) -> None:
+        self.compose_start_timeout_s = compose_start_timeout_s
         self.client = client
         # budgets of downloads (trialflow.sandbox.transfer); the log limits unless a caller
         # charges a copy to an allowance of its own (artifacts)
@@ -159,6 +167,8 @@ class DockerBackend(SandboxBackend):
         info = await self.images.ensure(task.image)
         for image in task.verifier_images:
             await self.images.ensure(image)
+        if task.compose is not None:
+            await self._service_images(task, self._compose(task))
         return info
 
     def image_progress(self, task: Task) -> str | None:
@@ -167,6 +177,28 @@ class DockerBackend(SandboxBackend):
             if (line := self.images.progress(image.tag)) is not None:
                 return line
         return None
+
+    def _compose(self, task: Task) -> ComposeProject:
+        """The task's compose file loaded with this worker's variables (strictly: a
+        `${VAR?}` unset here fails set-up, as `docker compose up` would)."""
+        try:
+            return load_task_compose(task.path, task.config, task.image, self._host_env or os.environ)
+        except ComposeRefused as e:  # a variable set here made it ask for what is refused
+            raise UnsupportedFeature(
+                str(task.path), [f"environment/docker-compose.yaml: {r}" for r in e.reasons]
+            ) from None
+        except TaskEnvMissing as e:
+            raise TaskEnvMissing(f"task {task.name}: [environment].env: {e}") from None
+
+    async def _service_images(self, task: Task, project: ComposeProject) -> dict[str, str]:
+        """Each service's local image: built (once per content hash) or its `image`, got as
+        a `docker_image` is (present, pulled, or offline a stand-in; main's own image, for
+        `${MAIN_IMAGE_NAME}`, is present once main is built)."""
+        tags = {}
+        for svc in project.services:
+            image = service_image(task.image.label, svc, task.config.environment.build_timeout_sec)
+            tags[svc.name] = (await self.images.ensure(image)).tag
+        return tags
 
     # -- containers -----------------------------------------------------------------------
 
@@ -235,9 +267,12 @@ class DockerBackend(SandboxBackend):
         mounts: Sequence[Mount] = (),
         verifier_for: Sandbox | None = None,
     ) -> DockerSandbox:
+        project: ComposeProject | None = None
         if verifier_for is None:
             image = await self.ensure_image(task)
             envcfg = task.config.environment
+            if task.compose is not None:
+                project = self._compose(task)
         else:
             if task.separate_verifier is None:
                 raise ValueError(f"task {task.name} has no separate verifier environment")
@@ -251,6 +286,8 @@ class DockerBackend(SandboxBackend):
         except TaskEnvMissing as e:
             where = "[environment]" if verifier_for is None else "[verifier.environment]"
             raise TaskEnvMissing(f"task {task.name}: {where}.env: {e}") from None
+        if project is not None:  # Harbor: task.toml's env over the compose file's main environment
+            environment = {**project.main_environment, **environment}
         name = f"tf-{_slug(trial_id)}-{uuid.uuid4().hex[:8]}"
         binds = [docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in mounts]
         binds += self._toolchain_mounts()
@@ -277,11 +314,15 @@ class DockerBackend(SandboxBackend):
         if envcfg.workdir is None:
             del kwargs["working_dir"]
         # Harbor: no limit unless the task sets one.
+        cpus: float | None = None
         if envcfg.cpus is not None:
-            cpus = await self._run(self._cpus)
-            if envcfg.cpus > cpus:
-                log.warning("task %s asks for %s cpus; host has %s: clamped", task.name, envcfg.cpus, cpus)
-            kwargs["nano_cpus"] = int(min(envcfg.cpus, cpus) * 1e9)
+            host_cpus = await self._run(self._cpus)
+            if envcfg.cpus > host_cpus:
+                log.warning(
+                    "task %s asks for %s cpus; host has %s: clamped", task.name, envcfg.cpus, host_cpus
+                )
+            cpus = min(envcfg.cpus, host_cpus)
+            kwargs["nano_cpus"] = int(cpus * 1e9)
         if envcfg.memory_mb is not None:
             kwargs["mem_limit"] = kwargs["memswap_limit"] = f"{envcfg.memory_mb}m"
         if envcfg.gpus:  # Harbor: an NVIDIA device request for that many; gpu_types cannot be honoured
@@ -300,13 +341,59 @@ class DockerBackend(SandboxBackend):
         hardening = docker_create_options(self.policy, workdir=envcfg.workdir, storage_mb=storage)
         kwargs.update(hardening)
         kwargs["mounts"] = [*binds, *hardening["mounts"]]
+        pod = None
+        if project is not None:
+            pod = await self._create_pod(task, project, name, image.tag, kwargs, storage, cpus)
+            kwargs["network_mode"] = pod.network_mode
+            labels_ = kwargs["labels"]
+            assert isinstance(labels_, dict)
+            labels_[LABEL_LOCAL_NAMES] = ",".join(project.host_names)  # read back by attach
         try:
             container = await self._run(lambda: self.client.containers.create(**kwargs))
+        except BaseException as e:
+            if pod is not None:
+                await pod.remove()
+            if isinstance(e, docker.errors.ImageNotFound):
+                raise ImageUnavailable(f"task {task.name}: image {image.tag} vanished: {e}") from e
+            if isinstance(e, docker.errors.APIError | requests.exceptions.ConnectionError):
+                raise SandboxStartFailed(f"could not create sandbox for trial {trial_id}: {e}") from e
+            raise
+        return DockerSandbox(self, container.id, name, pod, project.host_names if project else ())
+
+    async def _create_pod(
+        self,
+        task: Task,
+        project: ComposeProject,
+        name: str,
+        main_image: str,
+        main_kwargs: Mapping[str, Any],
+        storage_mb: int | None,
+        cpus: float | None,
+    ) -> DockerPod:
+        """A compose task's namespace holder and services (trialflow.sandbox.pod), with
+        main's labels and this backend's hardening."""
+        images = await self._service_images(task, project)
+        labels = main_kwargs["labels"]
+        assert isinstance(labels, dict)
+        try:
+            return await DockerPod.create(
+                self,
+                project,
+                sandbox_name=name,
+                main_image=main_image,
+                images=images,
+                labels=labels,
+                hardening=lambda workdir: docker_create_options(
+                    self.policy, workdir=workdir, storage_mb=storage_mb
+                ),
+                cpus=cpus,
+                memory_mb=task.config.environment.memory_mb,
+                start_timeout_s=self.compose_start_timeout_s,
+            )
         except docker.errors.ImageNotFound as e:
-            raise ImageUnavailable(f"task {task.name}: image {image.tag} vanished: {e}") from e
+            raise ImageUnavailable(f"task {task.name}: a service's image vanished: {e}") from e
         except (docker.errors.APIError, requests.exceptions.ConnectionError) as e:
-            raise SandboxStartFailed(f"could not create sandbox for trial {trial_id}: {e}") from e
-        return DockerSandbox(self, container.id, name)
+            raise SandboxStartFailed(f"could not create the services of trial {name}: {e}") from e
 
     async def attach(self, sandbox_id: str) -> DockerSandbox:
         try:
@@ -317,7 +404,10 @@ class DockerBackend(SandboxBackend):
             raise SandboxLost(f"docker engine unreachable while attaching {sandbox_id}: {e}") from e
         if info["Config"]["Labels"].get(LABEL_MANAGED) != "true":
             raise SandboxLost(f"container {sandbox_id} is not a trialflow sandbox")
-        return DockerSandbox(self, info["Id"], info["Name"].lstrip("/"))
+        names = info["Config"]["Labels"].get(LABEL_LOCAL_NAMES) or ""
+        return DockerSandbox(
+            self, info["Id"], info["Name"].lstrip("/"), local_names=tuple(n for n in names.split(",") if n)
+        )
 
     async def reap(self, older_than_s: float) -> ReapReport:
         return await self._run(lambda: reap_containers(self.client, older_than_s, self.labels))

@@ -239,7 +239,9 @@ class DockerImages:
         (a file outside the context, which the SDK adds to the context it sends)."""
         labels = {LABEL_MANAGED: "true", "trialflow.env_hash": image.content_hash}
         if not standins:
-            return self._build_stream(image, timeout, None, labels)
+            own = image.dockerfile  # a compose service's may have another name or place
+            named = own is not None and own != image.context_dir / "Dockerfile"
+            return self._build_stream(image, timeout, str(own) if named else None, labels)
         labels[STANDINS_LABEL] = json.dumps(standins, sort_keys=True)
         fd, path = tempfile.mkstemp(prefix="trialflow-dockerfile-")
         try:
@@ -268,6 +270,8 @@ class DockerImages:
                 decode=True,
                 timeout=timeout,
                 labels=labels,
+                buildargs=image.build_args or None,  # a compose service's build args and target
+                target=image.target,
             )
             for chunk in stream:
                 if "stream" in chunk:

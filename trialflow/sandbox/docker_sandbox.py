@@ -40,11 +40,12 @@ from trialflow.errors import (
 from trialflow.sandbox import processes, toolchain
 from trialflow.sandbox.base import ExecResult, Sandbox
 from trialflow.sandbox.netns import listen_in_netns
-from trialflow.sandbox.reaper import LABEL_VERIFIER_OF
+from trialflow.sandbox.reaper import LABEL_POD_OF, LABEL_POD_ROLE, LABEL_VERIFIER_OF
 from trialflow.sandbox.transfer import Allowance, extract_stream
 
 if TYPE_CHECKING:
     from trialflow.sandbox.docker import DockerBackend
+    from trialflow.sandbox.pod import DockerPod
 
 T = TypeVar("T")
 
@@ -94,17 +95,32 @@ def _tar_local(local: Path) -> IO[bytes]:
 
 
 class DockerSandbox(Sandbox):
-    """A container managed by `DockerBackend`. Create it through the backend."""
+    """A container managed by `DockerBackend`. Create it through the backend. `pod`: a
+    compose task's services, started around it by `start` (trialflow.sandbox.pod); a
+    sandbox found again by `attach` has none (its services are already running)."""
 
-    def __init__(self, backend: DockerBackend, container_id: str, name: str) -> None:
+    def __init__(
+        self,
+        backend: DockerBackend,
+        container_id: str,
+        name: str,
+        pod: DockerPod | None = None,
+        local_names: tuple[str, ...] = (),
+    ) -> None:
         self._backend = backend
         self._cid = container_id
         self._name = name
         self._stopped = False
+        self._pod = pod
+        self._local_names = local_names
 
     @property
     def id(self) -> str:
         return self._name
+
+    @property
+    def local_names(self) -> tuple[str, ...]:
+        return self._local_names
 
     @property
     def container_id(self) -> str:
@@ -126,6 +142,12 @@ class DockerSandbox(Sandbox):
             raise SandboxLost(f"docker engine unreachable while using {self._name}: {e}") from e
 
     async def start(self) -> None:
+        if self._pod is not None:
+            await self._pod.start(self._start_main)
+        else:
+            await self._start_main()
+
+    async def _start_main(self) -> None:
         api = self._backend.client.api
         try:
             state = await self._call(lambda: api.inspect_container(self._cid)["State"])
@@ -380,20 +402,26 @@ class DockerSandbox(Sandbox):
             )
 
     async def stop(self) -> None:
-        """Removes the container, and any separate verifier made for it that is still there
-        (one whose verification was cut short: the worker died mid-verify)."""
+        """Removes the container, any separate verifier made for it that is still there
+        (one whose verification was cut short: the worker died mid-verify), and a compose
+        task's services and namespace holder: services, main, then the holder."""
         if self._stopped:
             return
         api = self._backend.client.api
+
+        def labelled(label: str) -> list[dict]:
+            return api.containers(all=True, filters={"label": f"{label}={self._name}"})
+
         try:
-            children = await self._backend._run(
-                lambda: api.containers(
-                    all=True, quiet=True, filters={"label": f"{LABEL_VERIFIER_OF}={self._name}"}
-                )
-            )
-            for child in children:
+            children = await self._backend._run(lambda: labelled(LABEL_VERIFIER_OF))
+            pod = await self._backend._run(lambda: labelled(LABEL_POD_OF))
+            services = [c for c in pod if c["Labels"].get(LABEL_POD_ROLE) != "holder"]
+            holders = [c for c in pod if c["Labels"].get(LABEL_POD_ROLE) == "holder"]
+            for child in [*children, *services]:
                 await self._backend._run(functools.partial(_remove, api, child["Id"]))
             await self._backend._run(functools.partial(_remove, api, self._cid))
+            for holder in holders:
+                await self._backend._run(functools.partial(_remove, api, holder["Id"]))
         except docker.errors.APIError as e:
             raise SandboxLost(f"could not remove sandbox {self._name}: {e}") from e
         except requests.exceptions.ConnectionError as e:

@@ -270,13 +270,14 @@ async def _pipe(
                 dst.write_eof()
 
 
-def proxy_env(url: str) -> dict[str, str]:
+def proxy_env(url: str, local_names: tuple[str, ...] = ()) -> dict[str, str]:
     """The environment that points proxy-aware clients at the egress proxy (both spellings:
-    curl reads lower case, pip and npm either); loopback (the session forwarder) goes direct."""
+    curl reads lower case, pip and npm either); loopback (the session forwarder) and the
+    sandbox's `local_names` (a compose task's services, on that loopback) go direct."""
     env = {}
     for name in ("http_proxy", "https_proxy", "all_proxy"):
         env[name] = env[name.upper()] = url
-    env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1,localhost"
+    env["no_proxy"] = env["NO_PROXY"] = ",".join(["127.0.0.1", "localhost", *local_names])
     return env
 
 
@@ -304,7 +305,7 @@ class Egresses:
                 log.info("sandbox %s: network mode public (egress to global addresses)", sandbox.id)
             existing = self._proxies[sandbox.id] = EgressProxy(policy, sandbox=sandbox.id, limits=self.limits)
             self._urls[sandbox.id] = await existing.start(await sandbox.listen_loopback())
-        return proxy_env(self._urls[sandbox.id])
+        return proxy_env(self._urls[sandbox.id], sandbox.local_names)
 
     def decisions(self, sandbox_id: str) -> list[EgressDecision]:
         proxy = self._proxies.get(sandbox_id)

@@ -29,6 +29,10 @@ LABEL_MANAGED = "trialflow.managed"
 LABEL_TRIAL_ID = "trialflow.trial_id"
 LABEL_CREATED_AT = "trialflow.created_at"
 LABEL_VERIFIER_OF = "trialflow.verifier_of"  # a separate verifier's agent sandbox (its name)
+LABEL_POD_OF = "trialflow.pod_of"  # a compose service's or namespace holder's sandbox (its name)
+LABEL_POD_ROLE = "trialflow.pod_role"  # "service" or "holder" (trialflow.sandbox.pod)
+LABEL_SERVICE = "trialflow.service"  # a compose service's name
+LABEL_LOCAL_NAMES = "trialflow.local_names"  # on a pod's main: its names on the loopback, comma-separated
 
 
 def _created_at(attrs: dict) -> float:

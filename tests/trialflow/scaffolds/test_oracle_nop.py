@@ -11,6 +11,7 @@ from trialflow.verifier import run_verifier
 pytestmark = pytest.mark.docker
 
 EXPECTED_ORACLE = {
+    "compose-services": {"reward": 1.0},
     "create-file": {"reward": 1.0},
     "fix-bug": {"reward": 1.0},
     "multi-step": {"reward": 1.0},
