@@ -30,8 +30,8 @@ from workflows.shared import RunNetwork
 def phase_network(run: RunNetwork, phase: Phase) -> PhaseNetwork:
     """The run's say in `phase`'s network (`trialflow.sandbox.network.resolve_network`)."""
     if phase == "agent":
-        return PhaseNetwork(run.agent_default, run.agent)
-    return PhaseNetwork(run.verifier_default, run.verifier)
+        return PhaseNetwork(run.agent_default, run.agent, run.agent_hosts)
+    return PhaseNetwork(run.verifier_default, run.verifier, run.verifier_hosts)
 
 
 def application_error(err: TrialflowError) -> ApplicationError:

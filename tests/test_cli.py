@@ -186,6 +186,33 @@ def test_a_bad_scaffold_is_refused_before_submitting(tmp_path):
         assert message in " ".join(result.output.split())
 
 
+def test_bad_network_options_and_settings_are_one_line_each():
+    """A bad --allow-agent-host, a bad mode, a bad TRIALFLOW_* value: one error line, exit 2,
+    no traceback, nothing submitted (nothing listens at the Temporal address)."""
+    env = {"TRIALFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1", "COLUMNS": "400"}
+    for args, extra_env, message in [
+        (["--allow-agent-host", "http://pypi.org"], {}, "setting agent_allowed_hosts"),
+        (["--verifier-network", "open"], {}, "Invalid value for '--verifier-network'"),
+        ([], {"TRIALFLOW_VERIFIER_ALLOWED_HOSTS": '["a.org:8080"]'}, "setting verifier_allowed_hosts"),
+        ([], {"TRIALFLOW_SANDBOX_PIDS_LIMIT": "3"}, "setting sandbox_pids_limit"),
+    ]:
+        result = CliRunner().invoke(app, ["run", str(GOOD), *args], env={**env, **extra_env})
+        assert result.exit_code == 2, result.output
+        assert message in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+def test_network_settings_become_the_runs_choice(monkeypatch):
+    from workflows.shared import RunNetwork
+
+    assert load_settings().run_network() == RunNetwork()  # agent no-network, verifier public
+    monkeypatch.setenv("TRIALFLOW_VERIFIER_NETWORK", "no-network")
+    monkeypatch.setenv("TRIALFLOW_AGENT_ALLOWED_HOSTS", '["PyPI.org.", "10.0.0.0/8"]')
+    s = load_settings(agent_network_default="public")
+    assert s.run_network() == RunNetwork(
+        agent_default="public", verifier="no-network", agent_hosts=("pypi.org", "10.0.0.0/8")
+    )
+
+
 def test_replay_numbers_compare_numerically():
     from trialflow.batch import replay_number
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trialflow.viewer._urls import DEFAULT_TEMPORAL_UI_URL, DEFAULT_VIEWER_URL
@@ -122,6 +122,19 @@ class TrialflowSettings(BaseSettings):
     agent_network_default: Literal["no-network", "public"] = "no-network"
     verifier_network: Literal["no-network", "public"] | None = None
     verifier_network_default: Literal["no-network", "public"] = "public"
+    # Hosts merged into a phase's allowlist (Harbor's --allow-agent-host / --allow-verifier-host:
+    # a no-network phase becomes an allowlist of them, a public one stays public); Harbor's
+    # entry rules (hostnames, *.suffix, IPs, CIDRs).
+    agent_allowed_hosts: list[str] = Field(default_factory=list)
+    verifier_allowed_hosts: list[str] = Field(default_factory=list)
+
+    @field_validator("agent_allowed_hosts", "verifier_allowed_hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        from trialflow.task_config import normalize_allowed_hosts
+
+        return normalize_allowed_hosts(hosts)
+
     # Images tasks name (trialflow.sandbox.image_refs, docs/harbor.md "Images"). False: what
     # is not present locally is pulled with the engine's credentials (~/.docker/config.json).
     # True (TRIALFLOW_IMAGES_OFFLINE=1; the demo and the tests): never pulled; trialflow's
@@ -162,6 +175,8 @@ class TrialflowSettings(BaseSettings):
             agent_default=self.agent_network_default,
             verifier=self.verifier_network,
             verifier_default=self.verifier_network_default,
+            agent_hosts=tuple(self.agent_allowed_hosts),
+            verifier_hosts=tuple(self.verifier_allowed_hosts),
         )
 
     def image_policy(self) -> ImagePolicy:

@@ -127,8 +127,10 @@ class RunNetwork(BaseModel):
     """The run's say in each phase's network (`trialflow.sandbox.network.resolve_network`):
     `agent_default` / `verifier_default` where a task states no network baseline (agent
     no-network, for training; verifier public, Harbor's default), `agent` / `verifier` a mode
-    forced whatever the task states (None: the task decides). Settings `agent_network`,
-    `agent_network_default`, `verifier_network`, `verifier_network_default`."""
+    forced whatever the task states (None: the task decides), `agent_hosts` / `verifier_hosts`
+    merged into the phase's allowlist (Harbor's `--allow-agent-host` / `--allow-verifier-host`;
+    normalised by the settings). Settings `agent_network`, `agent_network_default`,
+    `agent_allowed_hosts` and the verifier's."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -136,6 +138,8 @@ class RunNetwork(BaseModel):
     agent_default: RunNetworkMode = "no-network"
     verifier: RunNetworkMode | None = None
     verifier_default: RunNetworkMode = "public"
+    agent_hosts: tuple[str, ...] = ()
+    verifier_hosts: tuple[str, ...] = ()
 
 
 class TrialSpec(BaseModel):

@@ -9,8 +9,9 @@ Harbor verifiers do (`curl ... | sh`, `uvx pytest`), from a package server the t
   of a task that states no network gets Harbor's default, public, and installs the tool.
   Under public a loopback server stays unreachable (the address rule).
 - The agent phase's no-network default: the probe agent (a test scaffold) tries the same
-  server in every trial and is refused; the run can widen it (`agent_default="public"`) or
-  close the verifier (`verifier="no-network"`: the tool cannot be installed, reward 0).
+  server in every trial and is refused; the run can widen it (`agent_default="public"`, or
+  Harbor's extra hosts) or close the verifier (`verifier="no-network"`: the tool cannot be
+  installed, reward 0; with extra hosts an allowlist of them again).
 The trial result names each phase's effective mode and where it came from.
 """
 
@@ -214,6 +215,13 @@ async def test_the_verifier_installs_its_tool_the_agent_stays_offline(
             global_index,
             RunNetwork(verifier="no-network"),
         ),
+        # the run's extra hosts (Harbor's --allow-agent-host / --allow-verifier-host) widen a
+        # closed phase into an allowlist of them
+        "run-hosts": (
+            _task(tmp_path / "run-hosts", loopback_index),
+            loopback_index,
+            RunNetwork(verifier="no-network", verifier_hosts=("127.0.0.2",), agent_hosts=("127.0.0.2",)),
+        ),
         # the run gives the agent Harbor's default where the task states none
         "agent-public": (
             _task(tmp_path / "agent-public", global_index),
@@ -243,6 +251,12 @@ async def test_the_verifier_installs_its_tool_the_agent_stays_offline(
             {"agent": "default", "verifier": "run"},
         ),
         "agent-public": (1.0, 1.0, {"agent": "public", "verifier": "public"}, default),
+        "run-hosts": (
+            1.0,
+            1.0,
+            {"agent": "allowlist", "verifier": "allowlist"},
+            {"agent": "run", "verifier": "run"},
+        ),
     }, {k: (r.reward_error, r.error) for k, r in results.items()}
     assert all(r.reward_valid and r.error is None for r in results.values())
     assert results["public"].network_mode == "agent no-network, verifier public"

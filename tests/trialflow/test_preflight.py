@@ -143,8 +143,8 @@ def test_gpus_are_checked_against_the_host_that_runs_the_sandboxes(tmp_path):
 
 
 def test_skills_need_a_scaffold_that_reads_them(tmp_path):
-    """As Harbor: oracle and nop ignore a task's skills_dir, claude-code reads it, any other
-    model-driven scaffold refuses the task."""
+    """As Harbor: oracle and nop ignore a task's skills_dir, claude-code, codex and opencode
+    read it, any other model-driven scaffold refuses the task."""
     skills = _copy(tmp_path, "skills")
     toml = (
         (skills / "task.toml")
@@ -154,8 +154,10 @@ def test_skills_need_a_scaffold_that_reads_them(tmp_path):
     (skills / "task.toml").write_text(toml)
     assert check_run([skills], "oracle", samples=1) == []
     assert check_run([skills], "nop", samples=1) == []
-    assert check_run([skills], "claude-code", samples=1) == []
-    [problem] = check_run([skills], "opencode", samples=1)
+    for reads in ("claude-code", "codex", "opencode"):
+        assert check_run([skills], reads, samples=1) == [], reads
+    [problem] = check_run([skills], "terminus", samples=1)
     assert problem == (
-        f"{skills}: [environment].skills_dir = '/skills': scaffold opencode does not read skills (claude-code does)"
+        f"{skills}: [environment].skills_dir = '/skills': scaffold terminus does not read skills "
+        "(claude-code, codex and opencode do)"
     )

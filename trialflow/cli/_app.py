@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from trialflow.settings import TrialflowSettings, load_settings
@@ -34,7 +35,17 @@ def settings_from_flags(**flags) -> TrialflowSettings:
     }
     if renamed["s3_endpoint"] and renamed["store_dir"]:
         raise typer.BadParameter("give --s3 or --store-dir, not both (one result store per run)")
-    settings = load_settings(**renamed, **flags)
+    try:
+        settings = load_settings(**renamed, **flags)
+    except ValidationError as err:  # a flag's or a TRIALFLOW_* variable's value: one line each
+        for e in err.errors():
+            name = ".".join(str(part) for part in e["loc"])
+            console.print(
+                f"[red]error:[/] setting {name} (TRIALFLOW_{name.split('.')[0].upper()} or its flag): {e['msg']}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        raise typer.Exit(2) from None
     if renamed["store_dir"] is not None and settings.s3_endpoint:
         # the flag names this run's store: it wins over an endpoint in the environment
         settings = settings.model_copy(update={"s3_endpoint": None})

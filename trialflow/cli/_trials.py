@@ -48,6 +48,18 @@ if TYPE_CHECKING:
     from trialflow.sandbox.image_check import ImageChecker
 
 
+def _hosts_option(flag: str, phase: str) -> typer.models.OptionInfo:
+    return typer.Option(
+        flag,
+        help=f"host, *.suffix, IP or CIDR merged into the {phase} phase's allowlist, as Harbor's (repeatable)",
+        show_default=False,
+    )
+
+
+AgentHostsOpt = Annotated[list[str] | None, _hosts_option("--allow-agent-host", "agent")]
+VerifierHostsOpt = Annotated[list[str] | None, _hosts_option("--allow-verifier-host", "verifier")]
+
+
 @contextlib.asynccontextmanager
 async def in_process_worker(
     settings: TrialflowSettings, client: Client, enabled: bool
@@ -153,13 +165,16 @@ def run(
     agent_network_default: DefaultNetworkOpt = None,
     verifier_network: ForcedNetworkOpt = None,
     verifier_network_default: DefaultNetworkOpt = None,
+    allow_agent_host: AgentHostsOpt = None,
+    allow_verifier_host: VerifierHostsOpt = None,
 ) -> None:
     """Run SAMPLES trials of every task with SCAFFOLD, as one batch of Temporal workflows
     (each trial gets up to MAX_RESTARTS new-sandbox attempts).
 
     Network per phase: the task's; where it states none, --agent-network-default (no-network)
     and --verifier-network-default (public, Harbor's default); --agent-network /
-    --verifier-network force a phase's mode whatever the task states."""
+    --verifier-network force a phase's mode whatever the task states; --allow-agent-host /
+    --allow-verifier-host widen a phase's allowlist (a no-network phase becomes one)."""
     if attempts is not None:  # --attempts meant samples, not a trial's attempts
         console.print("[yellow]warning:[/] --attempts is deprecated: use --samples", highlight=False)
         samples = attempts
@@ -175,6 +190,8 @@ def run(
         agent_network_default=agent_network_default,
         verifier_network=verifier_network,
         verifier_network_default=verifier_network_default,
+        agent_allowed_hosts=allow_agent_host or None,
+        verifier_allowed_hosts=allow_verifier_host or None,
     )
     batch_id = batch_id or uuid.uuid4().hex[:10]
     scaffold = scaffold or settings.scaffold

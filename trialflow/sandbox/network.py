@@ -33,9 +33,12 @@ Which mode a phase runs under (`network_policy`), as Harbor 0.25 resolves it
   for the verifier (Harbor's default: verifiers commonly install their test tools as they
   run, `uvx pytest`, `curl ... | sh`, and would score 0 offline on every trial).
 - `PhaseNetwork.forced` (the run's, e.g. ``no-network`` on a cluster without egress, or to
-  never give the agent network whatever a task asks) replaces all of that.
-The settings `agent_network` / `agent_network_default` / `verifier_network` /
-`verifier_network_default` and `trialflow run --agent-network ...` set them; the trial
+  never give the agent network whatever a task asks) replaces all of that;
+- `PhaseNetwork.extra_hosts` (Harbor's run-specific `--allow-agent-host` /
+  `--allow-verifier-host`) are then merged into the phase's allowlist, as Harbor merges them:
+  a ``no-network`` phase becomes an allowlist of them, a ``public`` one stays public.
+The settings `agent_network` / `agent_network_default` / `agent_allowed_hosts` (and the
+verifier's) and `trialflow run --agent-network ... --allow-agent-host ...` set them; the trial
 result records each phase's mode and where it came from (`TrialResult.network_modes`).
 `trialflow.task_config` parses and validates the keys as Harbor does; this module decides
 and enforces.
@@ -149,10 +152,14 @@ NetworkOrigin = Literal["task", "default", "run"]
 @dataclass(frozen=True)
 class PhaseNetwork:
     """The run's say in one phase's network (module docstring): `default` where the task
-    states no baseline, `forced` whatever it states (None: the task decides)."""
+    states no baseline, `forced` whatever it states (None: the task decides), `extra_hosts`
+    merged into the phase's allowlist as Harbor merges a run's `--allow-agent-host` /
+    `--allow-verifier-host` (a ``no-network`` phase becomes an allowlist of them; a ``public``
+    one is left as it is)."""
 
     default: NetworkMode
     forced: NetworkMode | None = None
+    extra_hosts: tuple[str, ...] = ()
 
 
 AGENT_DEFAULT = PhaseNetwork("no-network")
@@ -169,7 +176,8 @@ def resolve_network(
     task: Task, phase: Phase, run: PhaseNetwork | None = None
 ) -> tuple[NetworkPolicy, NetworkOrigin]:
     """`network_policy` and where it came from: "task" (the task states it), "default" (the
-    task states nothing: the run's default for the phase), "run" (the run forced it).
+    task states nothing: the run's default for the phase), "run" (the run forced it, or its
+    extra hosts widened it).
     Raises NetworkPolicyError for a malformed key (naming its section) even when forced: a
     broken task is refused either way."""
     run = run or (AGENT_DEFAULT if phase == "agent" else VERIFIER_DEFAULT)
@@ -192,7 +200,12 @@ def resolve_network(
             where = phase if src is override else "verifier.environment" if separate else "environment"
             raise NetworkPolicyError(f"[{where}] {exc}") from None
     if run.forced is not None:
-        return NetworkPolicy(run.forced), "run"
-    if stated is not None:
-        return stated, "task"
-    return NetworkPolicy(run.default), "default"
+        policy, origin = NetworkPolicy(run.forced), "run"
+    elif stated is not None:
+        policy, origin = stated, "task"
+    else:
+        policy, origin = NetworkPolicy(run.default), "default"
+    if run.extra_hosts and policy.mode != "public":  # Harbor's merge_extra_allowlists
+        hosts = tuple(dict.fromkeys((*policy.allowed_hosts, *run.extra_hosts)))
+        return NetworkPolicy("allowlist", hosts), "run"
+    return policy, origin  # type: ignore[return-value]

@@ -122,6 +122,16 @@ class CliRun:
         )
 
 
+def skills_setup(skills_dir: str | None, dest: str) -> str:
+    """Shell that copies a task's `[environment] skills_dir` (a path in the sandbox) into
+    `dest`, where the CLI reads skills, as Harbor's installed agents do (`cp -r DIR/* DEST/`,
+    errors ignored: an empty or missing directory gives no skills); "" without one."""
+    if skills_dir is None:
+        return ""
+    target = shlex.quote(dest)
+    return f"mkdir -p {target} && (cp -r {shlex.quote(skills_dir)}/. {target}/ 2>/dev/null || true)"
+
+
 async def check_mounted(ctx: ScaffoldContext, binary: str, user: str | int | None) -> None:
     """Raise `ScaffoldSetupFailed` when `binary` is not executable inside the sandbox
     (the sandbox was created without this scaffold's `mounts()`)."""

@@ -97,7 +97,7 @@ def skills_problem(scaffold: Scaffold, skills_dir: str | None) -> str | None:
         return None
     return (
         f"[environment].skills_dir = {skills_dir!r}: scaffold {scaffold.name} does not read skills "
-        "(claude-code does)"
+        "(claude-code, codex and opencode do)"
     )
 
 
@@ -126,7 +126,7 @@ class Scaffold(abc.ABC):
     # trial's proxy session (`session_max_turns`).
     supports_max_turns: bool = False
     # Whether it hands a task's `[environment] skills_dir` to the agent (Harbor's
-    # `capabilities.skills`: claude-code copies it where Claude Code reads skills).
+    # `capabilities.skills`: claude-code, codex and opencode copy it where their CLI reads skills).
     reads_skills: bool = False
 
     def session_max_turns(self) -> int | None:

@@ -11,7 +11,7 @@ with `ANTHROPIC_BASE_URL` = the session's Anthropic URL, a dummy `ANTHROPIC_API_
 telemetry/nonessential traffic/autoupdate off, `IS_SANDBOX=1` (Claude Code refuses
 `--dangerously-skip-permissions` as root otherwise) and a fresh writable `HOME` (it writes
 `~/.claude.json` and `~/.claude/`; no onboarding flags are needed in print mode). A task's
-`[environment] skills_dir` is copied into `~/.claude/skills/` first (`skills_setup`), where
+`[environment] skills_dir` is copied into `~/.claude/skills/` first (`_cli.skills_setup`), where
 Claude Code reads user-level skills, as Harbor's claude-code agent copies it into its config
 directory's `skills/`.
 
@@ -25,13 +25,12 @@ an API error instead of hanging until the agent timeout.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trialflow.errors import ScaffoldSetupFailed
-from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold, json_events
+from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold, json_events, skills_setup
 from trialflow.scaffolds.base import ScaffoldContext, StopReason
 
 BINARY_CANDIDATES = (
@@ -43,15 +42,6 @@ IN_SANDBOX = f"{MOUNT_DIR}/claude"
 HOME = "/tmp/trialflow-claude-home"
 # Claude Code's user-level skills (`~/.claude/skills/<name>/SKILL.md`; CLAUDE_CONFIG_DIR unset).
 SKILLS_DIR = f"{HOME}/.claude/skills"
-
-
-def skills_setup(skills_dir: str | None) -> str:
-    """Shell that copies a task's `[environment] skills_dir` (a path in the sandbox) into
-    Claude Code's skills directory, as Harbor's claude-code agent does (`cp -r DIR/* ...`,
-    errors ignored: an empty or missing directory gives no skills); "" without one."""
-    if skills_dir is None:
-        return ""
-    return f"mkdir -p {SKILLS_DIR} && (cp -r {shlex.quote(skills_dir)}/. {SKILLS_DIR}/ 2>/dev/null || true)"
 
 
 @dataclass(frozen=True)
@@ -169,7 +159,7 @@ class ClaudeCodeScaffold(CliScaffold):
                 ctx.anthropic_base_url, ctx.model, max_retries=self.max_retries, api_timeout_s=ctx.timeout_s
             ),
             home=HOME,
-            setup=skills_setup(ctx.task.config.environment.skills_dir),
+            setup=skills_setup(ctx.task.config.environment.skills_dir, SKILLS_DIR),
         )
 
     def summarize(self, stdout: str) -> StreamSummary:

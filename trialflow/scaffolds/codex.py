@@ -43,7 +43,7 @@ from typing import Any
 
 from trialflow.errors import ScaffoldSetupFailed
 from trialflow.sandbox.base import Mount
-from trialflow.scaffolds._cli import CliRun, CliScaffold, json_events, object_field
+from trialflow.scaffolds._cli import CliRun, CliScaffold, json_events, object_field, skills_setup
 from trialflow.scaffolds.base import ScaffoldContext, positive_or_none
 
 VENDOR_CANDIDATES = (
@@ -53,6 +53,7 @@ VENDOR_CANDIDATES = (
 MOUNT_AT = "/opt/trialflow/codex"
 IN_SANDBOX = f"{MOUNT_AT}/bin/codex"
 HOME = "/opt/trialflow-codex-home"
+SKILLS_DIR = f"{HOME}/.agents/skills"  # where Harbor's codex agent copies a task's skills_dir
 PROVIDER_ID = "trialflow"
 KEY_ENV = "TRIALFLOW_CODEX_KEY"
 
@@ -176,6 +177,7 @@ class CodexScaffold(CliScaffold):
     name = "codex"
     needs_model = True
     supports_max_turns = True
+    reads_skills = True  # `skills_setup` into SKILLS_DIR, as Harbor's codex agent
     binary = "codex"
     candidates = VENDOR_CANDIDATES
 
@@ -222,7 +224,8 @@ class CodexScaffold(CliScaffold):
             extra_args=self.extra_args,
         )
         env = {KEY_ENV: "trialflow", "CODEX_HOME": HOME, "HOME": HOME, "NO_COLOR": "1"}
-        return CliRun(name=self.name, argv=argv, env=env, home=HOME)
+        skills = skills_setup(ctx.task.config.environment.skills_dir, SKILLS_DIR)
+        return CliRun(name=self.name, argv=argv, env=env, home=HOME, setup=skills)
 
     def summarize(self, stdout: str) -> EventSummary:
         return summarize_events(stdout)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trialflow.errors import ScaffoldSetupFailed
-from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold, json_events, object_field
+from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold, json_events, object_field, skills_setup
 from trialflow.scaffolds.base import ScaffoldContext, positive_or_none
 
 BINARY_CANDIDATES = (
@@ -45,6 +45,7 @@ BINARY_CANDIDATES = (
 )
 IN_SANDBOX = f"{MOUNT_DIR}/opencode"
 HOME = "/tmp/trialflow-opencode-home"
+SKILLS_DIR = f"{HOME}/.config/opencode/skills"  # where Harbor's opencode agent copies skills_dir
 PROVIDER_ID = "trialflow"
 
 
@@ -141,6 +142,7 @@ class OpenCodeScaffold(CliScaffold):
     needs_model = True
     main_thread = "first_with_tools"  # its first call may be a tool-less title/quota call
     supports_max_turns = True
+    reads_skills = True  # `skills_setup` into SKILLS_DIR, as Harbor's opencode agent
     binary = "opencode"
     candidates = BINARY_CANDIDATES
 
@@ -187,6 +189,7 @@ class OpenCodeScaffold(CliScaffold):
             ],
             env=opencode_env(config),
             home=HOME,
+            setup=skills_setup(ctx.task.config.environment.skills_dir, SKILLS_DIR),
         )
 
     def summarize(self, stdout: str) -> EventSummary:

@@ -24,6 +24,9 @@ from harbor.trial.network_policy import resolve_trial_network_plan
 from harbor.utils.env import resolve_env_vars
 
 warnings.simplefilter("ignore")
+# A run's extra hosts per phase (Harbor's --allow-agent-host / --allow-verifier-host); read
+# before the env-template cases below replace the environment.
+extra = json.loads(os.environ.get("TF_EXTRA_HOSTS") or '{"agent": [], "verifier": []}')
 out = {"configs": {}, "env": [], "verifier_envs": {}, "step_tasks": {}, "networks": {}}
 for path in sorted(Path("/corpus").glob("*.toml")):
     try:
@@ -94,18 +97,27 @@ def _policy(policy):
 
 
 for task_dir in sorted(Path("/nettasks").glob("*/")) if Path("/nettasks").is_dir() else []:
-    # Each phase's network as Harbor's trial resolves it (`resolve_trial_network_plan`, a
-    # run with no extra hosts): per step for a multi-step task, else one plan ("" key).
+    # Each phase's network as Harbor's trial resolves it (`resolve_trial_network_plan`), for a
+    # run without extra hosts ("plain") and with TF_EXTRA_HOSTS ("extra"): per step for a
+    # multi-step task, else one plan ("" key).
     cfg = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+    runs = {
+        "plain": (AgentConfig(), VerifierConfig()),
+        "extra": (
+            AgentConfig(extra_allowed_hosts=extra["agent"]),
+            VerifierConfig(extra_allowed_hosts=extra["verifier"]),
+        ),
+    }
     plans = {}
-    for step in cfg.steps or [None]:
-        mode = resolve_step_verifier_mode(cfg, step) if step else resolve_task_verifier_mode(cfg)
-        plan = resolve_trial_network_plan(
-            cfg, AgentConfig(), EnvironmentConfig(), VerifierConfig(), step, verifier_mode=mode
-        )
-        plans[step.name if step else ""] = {
-            "agent": _policy(plan.agent_phase),
-            "verifier": _policy(plan.verifier_phase),
-        }
+    for run, (agent, verifier) in runs.items():
+        for step in cfg.steps or [None]:
+            mode = resolve_step_verifier_mode(cfg, step) if step else resolve_task_verifier_mode(cfg)
+            plan = resolve_trial_network_plan(
+                cfg, agent, EnvironmentConfig(), verifier, step, verifier_mode=mode
+            )
+            plans.setdefault(run, {})[step.name if step else ""] = {
+                "agent": _policy(plan.agent_phase),
+                "verifier": _policy(plan.verifier_phase),
+            }
     out["networks"][task_dir.name] = plans
 print(json.dumps(out))

@@ -185,6 +185,10 @@ NETWORK_TASKS: dict[str, str] = {
 }
 
 
+# A run's extra hosts (Harbor's --allow-agent-host / --allow-verifier-host), as both normalise them.
+EXTRA_HOSTS = {"agent": ["Extra.ORG.", "a.org"], "verifier": ["10.0.0.0/8", "*.Pkg.dev"]}
+
+
 def _write_network_tasks(root: Path) -> Path:
     for name, toml in NETWORK_TASKS.items():
         files = {
@@ -223,6 +227,7 @@ def harbor(docker_client, tmp_path_factory) -> dict:
         },
         remove=True,
         stderr=False,
+        environment={"TF_EXTRA_HOSTS": json.dumps(EXTRA_HOSTS)},
     )
     return {**json.loads(out), "tasks_dir": tasks, "step_tasks_dir": step_tasks, "net_tasks_dir": net_tasks}
 
@@ -347,18 +352,24 @@ def test_multi_step_task_loads_as_harbor(harbor, name):
 @pytest.mark.parametrize("name", sorted(NETWORK_TASKS))
 def test_phase_networks_resolve_as_harbor(harbor, name):
     """Each phase's network (per step of a multi-step task) as Harbor's trial resolves it,
-    when the run's agent default is Harbor's (public); the training default (agent
-    no-network) differs only where the task states no agent network."""
+    when the run's agent default is Harbor's (public), with and without a run's extra hosts;
+    the training default (agent no-network) differs only where the task states no agent
+    network."""
     from trialflow.sandbox.network import PhaseNetwork, resolve_network
+    from trialflow.task_config import normalize_allowed_hosts
 
     task = load_task(harbor["net_tasks_dir"] / name)
-    for step, ref in harbor["networks"][name].items():
-        view = task.step_view(step) if step else task
-        for phase in ("agent", "verifier"):
-            policy, origin = resolve_network(view, phase, PhaseNetwork("public"))
-            assert [policy.mode, list(policy.allowed_hosts)] == ref[phase], (step, phase)
-            training, _ = resolve_network(view, phase)
-            if phase == "verifier" or origin == "task":
-                assert training == policy, (step, phase)
-            else:
-                assert training.mode == "no-network", (step, phase)
+    extra = {phase: tuple(normalize_allowed_hosts(hosts)) for phase, hosts in EXTRA_HOSTS.items()}
+    for run, plans in harbor["networks"][name].items():
+        for step, ref in plans.items():
+            view = task.step_view(step) if step else task
+            for phase in ("agent", "verifier"):
+                hosts = extra[phase] if run == "extra" else ()
+                policy, origin = resolve_network(view, phase, PhaseNetwork("public", extra_hosts=hosts))
+                assert [policy.mode, list(policy.allowed_hosts)] == ref[phase], (run, step, phase)
+                if run == "plain":
+                    training, _ = resolve_network(view, phase)
+                    if phase == "verifier" or origin == "task":
+                        assert training == policy, (step, phase)
+                    else:
+                        assert training.mode == "no-network", (step, phase)

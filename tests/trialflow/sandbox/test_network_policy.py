@@ -122,3 +122,24 @@ def test_where_the_task_states_nothing_the_run_decides(tmp_path):
     forced = PhaseNetwork("public", forced="no-network")
     assert resolve_network(public, "agent", forced) == (NetworkPolicy("no-network"), "run")
     assert resolve_network(stated, "verifier", forced) == (NetworkPolicy("no-network"), "run")
+
+
+def test_a_runs_extra_hosts_widen_the_phases_allowlist_as_harbors(tmp_path):
+    """Harbor's merge_extra_allowlists: no-network becomes an allowlist of the run's hosts, an
+    allowlist gets them appended (once), public stays public."""
+    plain = load_task(EXAMPLES / "create-file")
+    extra = PhaseNetwork("no-network", extra_hosts=("127.0.0.2", "pypi.org"))
+    assert resolve_network(plain, "agent", extra) == (
+        NetworkPolicy("allowlist", ("127.0.0.2", "pypi.org")),
+        "run",
+    )
+    assert resolve_network(plain, "verifier", PhaseNetwork("public", extra_hosts=("x.org",))) == (
+        NetworkPolicy("public"),
+        "default",
+    )
+    listed = _with_sections(
+        tmp_path / "l", environment='network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]'
+    )
+    assert resolve_network(listed, "agent", extra)[0] == NetworkPolicy("allowlist", ("pypi.org", "127.0.0.2"))
+    forced = PhaseNetwork("public", forced="no-network", extra_hosts=("127.0.0.2",))
+    assert resolve_network(listed, "verifier", forced) == (NetworkPolicy("allowlist", ("127.0.0.2",)), "run")

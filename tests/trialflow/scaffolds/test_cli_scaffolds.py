@@ -201,13 +201,24 @@ async def test_claude_code_runs_as_the_tasks_agent_user(sandbox_for, scripted_pr
     assert who.stdout.strip() == "nobody"
 
 
-async def test_claude_code_reads_the_tasks_skills(sandbox_for, scripted_proxy, tiny_model_dir, tmp_path):
-    """`[environment] skills_dir` (a directory in the sandbox's image) is copied where Claude
-    Code reads user skills (~/.claude/skills), as Harbor's claude-code agent copies it: Claude
-    Code then offers the skill to the model in its first request."""
+@pytest.mark.parametrize(
+    ("name", "skills_home"),
+    [
+        ("claude-code", "/tmp/trialflow-claude-home/.claude/skills"),
+        ("codex", "/opt/trialflow-codex-home/.agents/skills"),
+        ("opencode", "/tmp/trialflow-opencode-home/.config/opencode/skills"),
+    ],
+)
+async def test_a_cli_reads_the_tasks_skills(
+    name, skills_home, sandbox_for, scripted_proxy, tiny_model_dir, tmp_path
+):
+    """`[environment] skills_dir` (a directory in the sandbox's image) is copied where the CLI
+    reads skills, as Harbor's installed agents copy it (Claude Code: ~/.claude/skills; Codex:
+    ~/.agents/skills; OpenCode: ~/.config/opencode/skills): the CLI then offers the skill to
+    the model in its first request."""
     from transformers import AutoTokenizer
 
-    scaffold = get_scaffold("claude-code", max_turns=2)
+    scaffold = get_scaffold(name, max_turns=2)
     require_cli(scaffold)
     task_dir = tmp_path / "with-skills"
     shutil.copytree(EXAMPLES / "create-file", task_dir)
@@ -225,17 +236,15 @@ async def test_claude_code_reads_the_tasks_skills(sandbox_for, scripted_proxy, t
     dockerfile.write_text(dockerfile.read_text() + "COPY skills /opt/task-skills\n")
     proxy, vllm = await scripted_proxy([Reply("Done.")])
     _, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, task=load_task(task_dir))
-    sandbox = ctx.sandbox
 
     result = await scaffold.run(ctx)
 
     assert result.exit_code == 0, result.log
-    copied = await sandbox.exec(
-        ["cat", "/tmp/trialflow-claude-home/.claude/skills/trialflow-greeting/SKILL.md"]
-    )
+    copied = await ctx.sandbox.exec(["cat", f"{skills_home}/trialflow-greeting/SKILL.md"])
     assert copied.stdout == skill, copied
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    prompt = tok.decode(vllm.main_requests[0]["prompt"])
+    # The agent's own request (with tools), not a side call such as OpenCode's title request.
+    prompt = next(p for p in (tok.decode(r["prompt"]) for r in vllm.requests) if "title generator" not in p)
     assert "trialflow-greeting" in prompt and "Writes the trialflow greeting file" in prompt
     await proxy.close_session(handle.session_id)
 
