@@ -15,13 +15,15 @@ agent's unchanged files.
 Network: the verifier phase's policy (`trialflow.sandbox.network.resolve_network`: the task's
 `[verifier]` / environment settings, Harbor's default ``public`` where it states none, the
 run's `VerifyInput.network` over both). In shared mode its egress proxy is opened only after
-the verification restart, in the restarted sandbox's new network namespace: no process of
-the agent's exists then (the restart killed its whole pid namespace; the launcher runs the
+the verification restart, in the restarted sandbox's network namespace (a new one; a compose
+pod's holder keeps its own): no process of the agent's in the sandbox exists then (the restart killed its whole pid namespace; the launcher runs the
 toolchain's sleep; the image's HEALTHCHECK is disabled on every sandbox), so nothing the
 agent left can use it before test.sh starts. test.sh itself may run the agent's code
 (`pytest` importing it): that code has the verifier's network while test.sh runs, as in
 Harbor; a task that must not allow that sets `[verifier] network_mode = "no-network"`, a run
-`verifier_network = "no-network"`. After test.sh the proxy is switched to no-network, its
+`verifier_network = "no-network"`; a compose pod's services, which run through the restart in
+the same namespace, can use it too while test.sh runs (as in Harbor, whose egress control
+covers the whole project). After test.sh the proxy is switched to no-network, its
 open tunnels closed, so nothing test.sh left running keeps it into a next step's agent phase.
 
 A verifier timeout or a missing/unparseable reward is an OUTCOME of the trial
@@ -106,9 +108,9 @@ class VerifyActivities:
                         )
 
                         async def egress_env(restarted: Sandbox) -> dict[str, str]:
-                            # The restart gave the sandbox a new network namespace: an egress
-                            # proxy served into the old one reaches nothing now. Opened only
-                            # now, when no process of the agent's is left (module docstring).
+                            # The restart gave the sandbox a new network namespace (a pod keeps
+                            # its holder's): the agent phase's proxy goes, with its tunnels. Opened
+                            # only now, when no process of the agent's is left (module docstring).
                             await self._egresses.close(restarted.id)
                             return await self._egresses.env_for(restarted, policy)
 
