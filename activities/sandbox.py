@@ -15,6 +15,7 @@ from collections.abc import Callable
 from temporalio import activity
 
 from activities._support import heartbeat_interval, heartbeating, phase_network, typed_errors
+from trialflow.admission import Admission
 from trialflow.errors import SandboxLost, TaskInvalid
 from trialflow.healthcheck import run_healthcheck
 from trialflow.metrics import TrialMetrics
@@ -75,7 +76,9 @@ def step_plans(task: Task, run: RunNetwork | None = None) -> list[StepPlan]:
 
 class SandboxActivities:
     """`store_uri(key)` maps a store key to its URI (the store the scaffold writes to).
-    The scaffold named in the input decides the sandbox's mounts (host-installed CLIs)."""
+    The scaffold named in the input decides the sandbox's mounts (host-installed CLIs).
+    `admission` (the worker's): each sandbox made here holds a lease on its sandbox gate
+    from the end of its set-up to its teardown (trialflow.admission)."""
 
     def __init__(
         self,
@@ -84,7 +87,9 @@ class SandboxActivities:
         host_queue: str,
         metrics: TrialMetrics,
         egresses: Egresses | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        self._admission = admission
         self._egresses = egresses if egresses is not None else Egresses()
         self._backend = backend
         self._store_uri = store_uri
@@ -139,6 +144,8 @@ class SandboxActivities:
         workflow_id = activity.info().workflow_id
         assert workflow_id is not None  # always set for a workflow's activity
         self._live[sandbox.id] = workflow_id
+        if self._admission is not None:  # before the set-up's slot goes back (trialflow.admission)
+            self._admission.lease(sandbox.id)
         self._metrics.trials_running.set(len(self._live))
         seconds = time.monotonic() - started
         self._metrics.phase_seconds.labels("setup").observe(seconds)
@@ -168,11 +175,18 @@ class SandboxActivities:
             try:
                 sandbox = await self._backend.attach(inp.sandbox_id)
             except SandboxLost:
+                self._forget(inp.sandbox_id)
                 return TeardownOutput(seconds=time.monotonic() - started)
             await self._egresses.close(sandbox.id)
             await sandbox.stop()
-        self._live.pop(sandbox.id, None)
-        self._metrics.trials_running.set(len(self._live))
+        self._forget(sandbox.id)
         seconds = time.monotonic() - started
         self._metrics.phase_seconds.labels("teardown").observe(seconds)
         return TeardownOutput(seconds=seconds)
+
+    def _forget(self, sandbox_id: str) -> None:
+        """`sandbox_id` is gone: no longer live here, its admission lease ended."""
+        self._live.pop(sandbox_id, None)
+        if self._admission is not None:
+            self._admission.end_lease(sandbox_id)
+        self._metrics.trials_running.set(len(self._live))

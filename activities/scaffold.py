@@ -52,6 +52,7 @@ import contextlib
 import logging
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,7 @@ from activities._support import (
 from proxy.errors import InvalidRequest
 from proxy.replay import ReplayRecord
 from proxy.trajectory import Counters, Trajectory
+from trialflow.admission import Admission
 from trialflow.errors import (
     InvalidSampling,
     ModelNotConfigured,
@@ -100,11 +102,34 @@ if TYPE_CHECKING:  # the proxy stack is optional: model-free workers never load 
 log = logging.getLogger(__name__)
 
 PROGRESS_SIGNAL = "report_progress"
+# What a scaffold activity keeps of its start-to-close timeout beyond the agent's own time
+# (closing the session, storing trajectory and logs): the model-phase wait gets the rest.
+_AFTER_AGENT_S = 90.0
+
+
+@contextlib.asynccontextmanager
+async def _scope() -> AsyncIterator[tuple[str, contextlib.AsyncExitStack]]:
+    """The activity's scope: typed errors, a temporary log dir, and a stack for what the
+    activity holds until it ends (its admission unit, released before the dir goes)."""
+    with typed_errors(), tempfile.TemporaryDirectory(prefix="tf-scaffold-") as tmp:
+        async with contextlib.AsyncExitStack() as stack:
+            yield tmp, stack
+
+
+def _model_wait_s(inp: ScaffoldInput, started: float) -> float:
+    """How long this activity may wait for a model-phase unit: what its start-to-close
+    timeout leaves after the agent's time and `_AFTER_AGENT_S` (0 without a timeout)."""
+    timeout = activity.info().start_to_close_timeout
+    if timeout is None:
+        return 0.0
+    spent = time.monotonic() - started
+    return timeout.total_seconds() - spent - inp.agent_timeout_s - _AFTER_AGENT_S
 
 
 class ScaffoldActivities:
     """`proxy` None: this worker has no model; only `needs_model=False` scaffolds run.
-    `client` (optional) signals live progress to the workflow."""
+    `client` (optional) signals live progress to the workflow. `admission` (optional): a
+    scaffold with a model session holds a unit of its model-phase gate while it runs."""
 
     def __init__(
         self,
@@ -115,7 +140,9 @@ class ScaffoldActivities:
         client: Client | None = None,
         default_model: str | None = None,
         egresses: Egresses | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        self._admission = admission
         self._egresses = egresses if egresses is not None else Egresses()
         self._proxy = proxy
         self._backend = backend
@@ -129,7 +156,7 @@ class ScaffoldActivities:
         started = time.monotonic()
         # Heartbeat from the first line: under load, loading the task and attaching to the
         # sandbox (a Docker call) can outlast the heartbeat timeout before `_beat` starts.
-        with typed_errors(), tempfile.TemporaryDirectory(prefix="tf-scaffold-") as tmp:
+        async with _scope() as (tmp, admitted):
             async with heartbeating(interval_s=heartbeat_interval()):
                 task = load_task(inp.task_path)
                 # A step runs as its own session, under the step's keys (TrialKeys.step).
@@ -142,6 +169,11 @@ class ScaffoldActivities:
                 if skills is not None:  # `run` refuses it before submitting; others may not
                     raise UnsupportedFeature(str(task.path), [skills])
                 sandbox = await self._backend.attach(inp.sandbox_id)
+                if scaffold.needs_model and self._admission is not None:
+                    # queued for the model phase here, heartbeating: never a lost host
+                    await admitted.enter_async_context(
+                        self._admission.model_phase(_model_wait_s(inp, started))
+                    )
             model = inp.model or self._default_model
             replay = None
             if scaffold.needs_model and inp.replay_from is not None:

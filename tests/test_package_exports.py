@@ -12,6 +12,7 @@ import pytest
 PACKAGES_WITH_SURFACE = [
     "proxy",
     "proxy.parsers",
+    "trialflow.admission",
     "trialflow.sandbox",
     "trialflow.compose",
     "trialflow.scaffolds",

@@ -9,6 +9,16 @@ like any other client.
 - ``trialflow_trials_failed_total``       counter by error type (results that carry an error)
 - ``trialflow_phase_seconds``             histogram by phase (setup, scaffold, verify, teardown)
 - ``trialflow_proxy_turn_seconds``        histogram of per-turn generation latency through the proxy
+
+Admission (trialflow.admission, docs/admission.md), ``kind`` "sandboxes" or "model_phase":
+
+- ``trialflow_admission_limit``           gauge: the working limit (the ceiling, or the controller's)
+- ``trialflow_admission_held``            gauge: units held (sandboxes: set-up slots + live sandboxes)
+- ``trialflow_admission_waiting``         gauge: acquirers waiting at the gate now
+- ``trialflow_admission_live_sandboxes``  gauge: sandboxes holding a lease on this worker
+- ``trialflow_admission_wait_seconds``    histogram by kind: how long admission made a trial wait
+- ``trialflow_admission_overadmitted_total``  counter: model phases admitted over the limit
+  (their wait ran out: a limit must cost throughput, never an attempt)
 """
 
 from __future__ import annotations
@@ -56,6 +66,34 @@ class TrialMetrics:
             "trialflow_proxy_turn_seconds",
             "Generation latency of one turn through the proxy",
             buckets=_TURN_BUCKETS,
+            registry=self.registry,
+        )
+
+        self.admission_limit = Gauge(
+            "trialflow_admission_limit", "Working admission limit", ["kind"], registry=self.registry
+        )
+        self.admission_held = Gauge(
+            "trialflow_admission_held", "Admission units held", ["kind"], registry=self.registry
+        )
+        self.admission_waiting = Gauge(
+            "trialflow_admission_waiting",
+            "Acquirers waiting at an admission gate",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.admission_live_sandboxes = Gauge(
+            "trialflow_admission_live_sandboxes", "Sandboxes holding a lease", registry=self.registry
+        )
+        self.admission_wait_seconds = Histogram(
+            "trialflow_admission_wait_seconds",
+            "Time a trial waited at an admission gate",
+            ["kind"],
+            buckets=_PHASE_BUCKETS,
+            registry=self.registry,
+        )
+        self.admission_overadmitted = Counter(
+            "trialflow_admission_overadmitted",
+            "Model phases admitted over the limit after their wait ran out",
             registry=self.registry,
         )
 

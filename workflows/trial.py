@@ -119,6 +119,9 @@ STORE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempt
 SCAFFOLD_RETRY = RetryPolicy(maximum_attempts=1)
 # Backstops beyond the timeouts the activities enforce themselves.
 SCAFFOLD_GRACE = timedelta(minutes=2)
+# How long a scaffold activity may wait on its host for a model-phase unit (trialflow.admission)
+# before its agent starts: queued there, heartbeating, within its start-to-close timeout.
+ADMISSION_WAIT = timedelta(minutes=10)
 VERIFY_GRACE = timedelta(minutes=1)
 TEARDOWN_TIMEOUT = timedelta(minutes=2)
 ATTEMPT_BACKOFF = timedelta(seconds=2)
@@ -395,7 +398,7 @@ class TrialWorkflow:
                 network=spec.network,
             ),
             summary=activity_summary("scaffold", attempt, spec, note=_step_note(setup, step)),
-            start_to_close_timeout=timedelta(seconds=agent_timeout) + SCAFFOLD_GRACE,
+            start_to_close_timeout=timedelta(seconds=agent_timeout) + SCAFFOLD_GRACE + ADMISSION_WAIT,
             retry_policy=SCAFFOLD_RETRY,
             lose_attempt_on_retryable=True,
             **host,

@@ -47,6 +47,7 @@ from activities.scaffold import ScaffoldActivities
 from activities.steps import StepActivities
 from activities.store import StoreActivities
 from activities.verify import VerifyActivities
+from trialflow.admission import Admission
 from trialflow.batch import connect
 from trialflow.errors import StorageError
 from trialflow.metrics import TrialMetrics
@@ -66,6 +67,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("trialflow.worker")
 
 REAP_INTERVAL_S = 600.0
+# The SDK sends an activity's heartbeats at most every 0.8 x its heartbeat timeout (24 s of a
+# 30 s timeout), leaving a busy host 6 s of slack before the server calls it lost; this cap
+# sends them every few seconds instead (activities beat every timeout/3 at most, 5 s).
+HEARTBEAT_THROTTLE = timedelta(seconds=5)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -142,6 +147,7 @@ class WorkerProcess:
     proxy: ProxyServer | None
     backend: DockerBackend
     metrics: TrialMetrics
+    admission: Admission
     host_queue: str
     sandboxes: SandboxActivities
     workflows: Worker  # shared queue: workflows, result storage, teardown fallback
@@ -206,9 +212,13 @@ class WorkerProcess:
                 max_connections=connection_cap(settings), idle_timeout_s=settings.egress_idle_timeout_s
             )
         )
-        self.sandboxes = sandbox = SandboxActivities(self.backend, store.uri, queue, metrics, egresses)
+        # live sandboxes and model phases of this host, below max_concurrent_trials
+        self.admission = admission = Admission(settings.max_concurrent_trials, metrics)
+        self.sandboxes = sandbox = SandboxActivities(
+            self.backend, store.uri, queue, metrics, egresses, admission
+        )
         scaffold = ScaffoldActivities(
-            self.proxy, self.backend, store, metrics, self.client, settings.model_name, egresses
+            self.proxy, self.backend, store, metrics, self.client, settings.model_name, egresses, admission
         )
         verify = VerifyActivities(self.backend, store, metrics, egresses, limits)
         steps = StepActivities(self.backend)
@@ -224,21 +234,26 @@ class WorkerProcess:
             graceful_shutdown_timeout=grace,
             build_id=version,
         )
+        # A set-up is polled only with room for its sandbox (admission's sandbox gate: set-ups
+        # in flight + live sandboxes <= its limit <= n); beyond, trials queue in Temporal.
         self.setups = Worker(
             self.client,
             task_queue=setup_queue(settings.task_queue),
             activities=[sandbox.setup],
-            max_concurrent_activities=n,
+            tuner=admission.tuner(),
             graceful_shutdown_timeout=grace,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             build_id=version,
         )
-        # Verify and teardown must never wait behind running scaffolds: 2 slots per trial.
+        # At most n live sandboxes, each with one host activity at a time (scaffold, verify,
+        # teardown run in turn): 2n slots never make one wait behind the others.
         self.host = Worker(
             self.client,
             task_queue=queue,
             activities=[steps.prepare_step, scaffold.run_scaffold, verify.verify, sandbox.teardown],
             max_concurrent_activities=2 * n,
             graceful_shutdown_timeout=grace,
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             build_id=version,
         )
         metrics.serve(settings.metrics_port)

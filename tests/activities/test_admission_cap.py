@@ -1,0 +1,90 @@
+"""The live-sandbox cap through the REAL stack (Temporal dev server, Docker, SeaweedFS).
+
+A worker with ``max_concurrent_trials=2`` gets 8 trials whose agent sleeps 3 s: before the
+cap, set-ups ran 2 at a time but every finished set-up left its sandbox alive, so all 8 were
+alive at once and their scaffolds waited on the 4 host slots, long enough (here over the
+5 s host schedule-to-start timeout) to be taken for a lost host and rebuilt. Now the engine,
+sampled throughout, never holds more than 2 of this worker's sandboxes, and every trial
+finishes in its first attempt: the trials beyond the cap waited as set-up tasks in
+Temporal's queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests._worker_fixtures import worker_settings
+from trialflow import batch
+from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, register_scaffold
+from trialflow.settings import TrialflowSettings
+
+REPO = Path(__file__).resolve().parents[2]
+TASK = REPO / "examples" / "tasks" / "create-file"
+CAP, TRIALS, AGENT_S = 2, 8, 3
+
+pytestmark = [pytest.mark.temporal, pytest.mark.docker, pytest.mark.s3]
+
+
+class SlowScaffold(Scaffold):
+    """Test scaffold: an agent that works for AGENT_S seconds inside its sandbox."""
+
+    name = "test-slow"
+    needs_model = False
+
+    async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
+        res = await ctx.sandbox.exec(f"sleep {AGENT_S}", timeout_s=60)
+        return ScaffoldResult(res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s)
+
+
+register_scaffold("test-slow", f"{__name__}:SlowScaffold")
+
+
+@pytest.fixture(scope="module")
+def settings(temporal_address, s3_endpoint, docker_client) -> TrialflowSettings:
+    return worker_settings(
+        "admission", temporal_address, s3_endpoint, docker_client, max_concurrent_trials=CAP
+    )
+
+
+async def _watch_engine(docker_client, label: str, seen: list[int], stop: asyncio.Event) -> None:
+    """Sample how many of this worker's sandboxes the engine holds (any state)."""
+    while not stop.is_set():
+        containers = await asyncio.to_thread(
+            docker_client.containers.list,
+            all=True,
+            sparse=True,
+            filters={"label": f"trialflow.worker={label}"},
+        )
+        seen.append(len(containers))
+        await asyncio.sleep(0.1)
+
+
+async def test_live_sandboxes_never_exceed_the_cap_and_no_attempt_is_lost(
+    client, settings, worker, docker_client, no_leaked_sandboxes
+):
+    specs = batch.make_specs(
+        f"cap-{uuid.uuid4().hex[:6]}",
+        [TASK],
+        "test-slow",
+        samples=TRIALS,
+        attempt_limit=2,
+        host_schedule_timeout_s=5,  # a trial queued on a busy host would be "lost" at once
+    )
+    seen: list[int] = []
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(_watch_engine(docker_client, worker.host_queue, seen, stop))
+    try:
+        results = await batch.run(client, specs, task_queue=settings.task_queue)
+    finally:
+        stop.set()
+        await watcher
+    assert len(seen) > 20  # the batch ran long enough for the sampling to mean something
+    assert max(seen) <= CAP, f"engine held {max(seen)} sandboxes of this worker (cap {CAP})"
+    assert max(seen) == CAP  # and the cap was reached: trials did run side by side
+    assert [(r.attempts, r.error, r.termination_reason) for r in results] == [(1, None, "submitted")] * TRIALS
+    assert worker.admission.live == 0 and worker.admission.sandboxes.held <= CAP  # idle pollers' slots
+    assert worker.metrics.value("trialflow_admission_limit", {"kind": "sandboxes"}) == CAP
