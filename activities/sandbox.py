@@ -19,7 +19,7 @@ from trialflow.admission import Admission
 from trialflow.errors import SandboxLost, TaskInvalid
 from trialflow.healthcheck import run_healthcheck
 from trialflow.metrics import TrialMetrics
-from trialflow.sandbox.base import ExecResult, SandboxBackend
+from trialflow.sandbox.base import ExecResult, Sandbox, SandboxBackend
 from trialflow.sandbox.egress import Egresses
 from trialflow.sandbox.network import PHASES, NetworkPolicyError, resolve_network
 from trialflow.scaffolds import get_scaffold
@@ -130,7 +130,7 @@ class SandboxActivities:
                     mounts=mounts,
                 )
                 try:
-                    await sandbox.start()
+                    await self._start(sandbox)
                     hc = task.config.environment.healthcheck
                     if hc is not None:  # Harbor gates the agent on it; see trialflow.healthcheck
 
@@ -166,6 +166,18 @@ class SandboxActivities:
             steps=plans,
             multi_step_reward_strategy=strategy.value if strategy is not None else None,
         )
+
+    async def _start(self, sandbox: Sandbox) -> None:
+        """Start `sandbox`, its time (or its failure) a signal of the host's load to admission."""
+        started = time.monotonic()
+        try:
+            await sandbox.start()
+        except Exception:
+            if self._admission is not None:
+                self._admission.starts.observe(time.monotonic() - started, failed=True)
+            raise
+        if self._admission is not None:
+            self._admission.starts.observe(time.monotonic() - started)
 
     @activity.defn(name="trial.teardown")
     async def teardown(self, inp: TeardownInput) -> TeardownOutput:

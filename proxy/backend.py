@@ -304,6 +304,17 @@ class VLLMClient:
             return None
         return value if isinstance(value, int) and value > 0 else None
 
+    async def metrics_text(self, timeout_s: float = 5.0) -> str | None:
+        """``GET /metrics`` (vLLM's Prometheus text); None without a 200 answer within
+        ``timeout_s``. Never raises."""
+        try:
+            async with self._session().get(
+                f"{self.url}/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                return await resp.text() if resp.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+            return None
+
     async def healthy(self, timeout_s: float = 5.0) -> bool:
         """True when ``GET /health`` answers 200 within ``timeout_s``; never raises."""
         return await self.probe(timeout_s) == "up"

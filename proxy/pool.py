@@ -42,6 +42,12 @@ Policy (the one place retries live):
 - Replicas can be added and removed at runtime; a removed replica finishes its
   in-flight calls, and sessions stuck to it move on their next turn.
 
+Load: each health round also reads every up replica's own ``/metrics`` (``scrape_load``:
+KV-cache usage, waiting requests, preemptions; proxy.replica_load) into ``Replica.load``.
+vLLM counts every client's requests there, so a pool sees the replica's global state, not
+just its own sessions' (admission reads it: trialflow.admission). A replica that does not
+answer, or answers with text that is not vLLM's, keeps no load (unknown, not idle).
+
 Sharing: a worker serves many sessions from one pool per replica set (``SharedPools``):
 load, stickiness and health marks are then seen by every session on that set, and the
 health loop and ``/v1/models`` questions run once per set, not once per session.
@@ -66,6 +72,7 @@ import numpy as np
 from proxy.backend import CompletionRequest, VLLMClient, is_retryable
 from proxy.chat import Generation
 from proxy.errors import BackendError, GenerationAborted, ReplicaUnreachable
+from proxy.replica_load import ReplicaLoad, parse_vllm_metrics
 from proxy.trajectory import id_array
 
 log = logging.getLogger(__name__)
@@ -135,6 +142,7 @@ class Replica:
     tokens_per_s: float | None = None  # observed generation rate (see Deadlines)
     down: asyncio.Event = field(default_factory=asyncio.Event)
     silent_since: float | None = None  # first of the current run of unanswered probes (monotonic)
+    load: ReplicaLoad | None = None  # from its /metrics at the last health round (module docstring)
 
     @property
     def up(self) -> bool:
@@ -376,6 +384,18 @@ class ReplicaPool:
         while True:
             await asyncio.sleep(self._health_interval_s)
             await self.check_health()
+            await self.scrape_load()
+
+    async def scrape_load(self) -> None:
+        """Read every up replica's ``/metrics`` into its ``load`` (module docstring)."""
+        reps = [r for r in self._replicas.values() if r.up]
+        texts = await asyncio.gather(*(r.client.metrics_text(self._health_timeout_s) for r in reps))
+        for rep, text in zip(reps, texts, strict=True):
+            try:
+                rep.load = parse_vllm_metrics(text) if text is not None else None
+            except ValueError as exc:
+                log.debug("replica %s: no load from /metrics: %s", rep.url, exc)
+                rep.load = None
 
     # -- routing --------------------------------------------------------------------------
     def _candidates(self, session_key: str) -> list[Replica]:

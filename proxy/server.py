@@ -108,6 +108,7 @@ from proxy.parsers import REASONING_PARSERS, TOOL_PARSERS, check_parsers
 from proxy.pool import ReplicaPool, SharedPools, replica_url
 from proxy.prefix_cache import PrefixCache
 from proxy.profiles import ModelProfile, UnsupportedTemplate, detect_profile, load_generation_eos
+from proxy.replica_load import ReplicaLoad
 from proxy.session import Session, SessionConfig, SessionStats
 from proxy.token_bound import TokenBound
 from proxy.trajectory import Trajectory
@@ -610,6 +611,12 @@ class ProxyServer:
             ],
         }
 
+    def replica_loads(self) -> dict[str, ReplicaLoad]:
+        """Each replica's load at its pool's last health round, by url, over the default pool
+        and the shared ones (replicas whose /metrics gave none are left out)."""
+        pools = [self.pool, *(pool for pool, _ in self.shared_pools.pools())]
+        return {r.url: r.load for pool in pools for r in pool.replicas if r.load is not None}
+
     @_management
     async def _stats(self, request: web.Request) -> web.Response:
         return _json_response(asdict(self.session_stats(self._session_with_secret(request))))
@@ -839,6 +846,7 @@ def _replica_rows(pool: ReplicaPool) -> list[dict[str, Any]]:
             "sessions": r.sessions,
             "tokens_per_s": r.tokens_per_s,
             "max_model_len": r.max_model_len,
+            "load": asdict(r.load) if r.load is not None else None,
         }
         for r in pool.replicas
     ]

@@ -17,6 +17,10 @@ Admission (trialflow.admission, docs/admission.md), ``kind`` "sandboxes" or "mod
 - ``trialflow_admission_waiting``         gauge: acquirers waiting at the gate now
 - ``trialflow_admission_live_sandboxes``  gauge: sandboxes holding a lease on this worker
 - ``trialflow_admission_wait_seconds``    histogram by kind: how long admission made a trial wait
+- ``trialflow_admission_binding``         gauge, 1 for the current ``side`` ("ceiling", "sandbox",
+  "replica", "demand") and ``signal`` (e.g. "kv_cache_usage", "start_latency", "idle")
+- ``trialflow_admission_signal``          gauge by ``name``: the last value of each signal read
+  (``sandbox_cpu_pressure``, ``replica_kv_usage_mean``, ...)
 - ``trialflow_admission_overadmitted_total``  counter: model phases admitted over the limit
   (their wait ran out: a limit must cost throughput, never an attempt)
 """
@@ -89,6 +93,18 @@ class TrialMetrics:
             "Time a trial waited at an admission gate",
             ["kind"],
             buckets=_PHASE_BUCKETS,
+            registry=self.registry,
+        )
+        self.admission_binding = Gauge(
+            "trialflow_admission_binding",
+            "1 for the side and signal that bind the admission limits now",
+            ["side", "signal"],
+            registry=self.registry,
+        )
+        self.admission_signal = Gauge(
+            "trialflow_admission_signal",
+            "Last value of an admission signal",
+            ["name"],
             registry=self.registry,
         )
         self.admission_overadmitted = Counter(

@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from trialflow.viewer._urls import DEFAULT_TEMPORAL_UI_URL, DEFAULT_VIEWER_URL
 
 if TYPE_CHECKING:
+    from trialflow.admission import Policy as AdmissionPolicy
     from trialflow.sandbox.image_refs import ImagePolicy
     from trialflow.sandbox.policy import SandboxPolicy
     from trialflow.sandbox.transfer import TransferLimits
@@ -144,7 +145,25 @@ class TrialflowSettings(BaseSettings):
     # which bounds its pulls, stand-ins and build together.
     images_build_timeout_multiplier: float = Field(default=1.0, gt=0)
 
+    # The ceiling of this worker's trials: live sandboxes (set-ups running + sandboxes not torn
+    # down) and trials in their model phase (trialflow.admission, docs/admission.md).
     max_concurrent_trials: int = Field(default=4, gt=0)
+
+    # Admission (trialflow.admission, docs/admission.md). "fixed": both limits are
+    # max_concurrent_trials; "adaptive": the controller moves them in [admission_floor, that
+    # ceiling] every admission_interval_s from live signals, starting at admission_start.
+    # Marks are (soft, hard): grow below every soft mark, trim over one, cut over a hard one.
+    admission: Literal["fixed", "adaptive"] = "fixed"
+    admission_interval_s: float = Field(default=5.0, gt=0)
+    admission_floor: int = Field(default=1, gt=0)
+    admission_start: int = Field(default=4, gt=0)
+    admission_kv_usage: tuple[float, float] = (0.80, 0.95)  # KV-cache use, 0..1 (soft: the target)
+    admission_waiting_per_replica: tuple[float, float] = (4.0, 16.0)
+    admission_start_slowdown: tuple[float, float] = (3.0, 6.0)  # sandbox start / its best median
+    admission_start_failures: tuple[float, float] = (0.05, 0.25)
+    admission_cpu_pressure: tuple[float, float] = (80.0, 95.0)  # PSI cpu some avg10, %
+    admission_memory_pressure: tuple[float, float] = (10.0, 40.0)  # PSI memory some avg10, %
+    admission_engine_latency_s: tuple[float, float] = (1.0, 5.0)  # Docker ping
     metrics_port: int = 0
     worker_id: str | None = None
     drain_grace_s: float = Field(default=60.0, ge=0)
@@ -156,6 +175,26 @@ class TrialflowSettings(BaseSettings):
     # a task's services may take, all together, to start and pass their healthchecks before
     # set-up fails with ServiceStartTimeout (retried). Harbor's `up --wait` has no bound.
     compose_start_timeout_s: float = Field(default=600.0, gt=0)
+
+    def admission_policy(self) -> AdmissionPolicy | None:
+        """The controller's policy; None in the fixed mode."""
+        if self.admission == "fixed":
+            return None
+        from trialflow.admission import Mark, Policy
+
+        ceiling = self.max_concurrent_trials
+        return Policy(
+            ceiling=ceiling,
+            floor=min(self.admission_floor, ceiling),
+            start=self.admission_start,
+            kv_usage=Mark(*self.admission_kv_usage),
+            waiting_per_replica=Mark(*self.admission_waiting_per_replica),
+            start_slowdown=Mark(*self.admission_start_slowdown),
+            start_failures=Mark(*self.admission_start_failures),
+            cpu_pressure=Mark(*self.admission_cpu_pressure),
+            memory_pressure=Mark(*self.admission_memory_pressure),
+            engine_latency_s=Mark(*self.admission_engine_latency_s),
+        )
 
     def sandbox_policy(self) -> SandboxPolicy:
         from trialflow.sandbox.policy import SandboxPolicy  # the docker SDK only where sandboxes run

@@ -7,6 +7,9 @@ alive at once and their scaffolds waited on the 4 host slots, long enough (here 
 sampled throughout, never holds more than 2 of this worker's sandboxes, and every trial
 finishes in its first attempt: the trials beyond the cap waited as set-up tasks in
 Temporal's queue.
+
+The worker runs the adaptive controller (starting at one sandbox, a tick every 0.5 s) under
+that ceiling; afterwards its metrics and `trialflow status` show its limits and what binds them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._wait import wait_until
 from tests._worker_fixtures import worker_settings
 from trialflow import batch
 from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, register_scaffold
@@ -27,6 +31,7 @@ TASK = REPO / "examples" / "tasks" / "create-file"
 CAP, TRIALS, AGENT_S = 2, 8, 3
 
 pytestmark = [pytest.mark.temporal, pytest.mark.docker, pytest.mark.s3]
+_batches: set[str] = set()  # the batches this module ran (status lists one)
 
 
 class SlowScaffold(Scaffold):
@@ -46,7 +51,14 @@ register_scaffold("test-slow", f"{__name__}:SlowScaffold")
 @pytest.fixture(scope="module")
 def settings(temporal_address, s3_endpoint, docker_client) -> TrialflowSettings:
     return worker_settings(
-        "admission", temporal_address, s3_endpoint, docker_client, max_concurrent_trials=CAP
+        "admission",
+        temporal_address,
+        s3_endpoint,
+        docker_client,
+        max_concurrent_trials=CAP,
+        admission="adaptive",
+        admission_start=1,
+        admission_interval_s=0.5,
     )
 
 
@@ -66,8 +78,10 @@ async def _watch_engine(docker_client, label: str, seen: list[int], stop: asynci
 async def test_live_sandboxes_never_exceed_the_cap_and_no_attempt_is_lost(
     client, settings, worker, docker_client, no_leaked_sandboxes
 ):
+    batch_id = f"cap-{uuid.uuid4().hex[:6]}"
+    _batches.add(batch_id)
     specs = batch.make_specs(
-        f"cap-{uuid.uuid4().hex[:6]}",
+        batch_id,
         [TASK],
         "test-slow",
         samples=TRIALS,
@@ -87,4 +101,40 @@ async def test_live_sandboxes_never_exceed_the_cap_and_no_attempt_is_lost(
     assert max(seen) == CAP  # and the cap was reached: trials did run side by side
     assert [(r.attempts, r.error, r.termination_reason) for r in results] == [(1, None, "submitted")] * TRIALS
     assert worker.admission.live == 0 and worker.admission.sandboxes.held <= CAP  # idle pollers' slots
-    assert worker.metrics.value("trialflow_admission_limit", {"kind": "sandboxes"}) == CAP
+    # max(seen) == CAP: the controller, started at 1, grew to the ceiling while its gate was
+    # full of work; idle now, its limit is back near what is used (at most 2 x 0, at least 1)
+    await wait_until(
+        lambda: worker.metrics.value("trialflow_admission_limit", {"kind": "sandboxes"}) == 1,
+        what="the idle controller's limit back at 1",
+    )
+
+
+async def test_status_shows_each_workers_admission(settings, worker):
+    from typer.testing import CliRunner
+
+    from trialflow.cli import app
+
+    env = {
+        "TRIALFLOW_TEMPORAL_ADDRESS": settings.temporal_address,
+        "TRIALFLOW_S3_ENDPOINT": settings.s3_endpoint,
+        "TRIALFLOW_S3_BUCKET": settings.s3_bucket,
+        "TRIALFLOW_S3_PREFIX": settings.s3_prefix,
+        "TRIALFLOW_S3_ACCESS_KEY": settings.s3_access_key or "",
+        "TRIALFLOW_S3_SECRET_KEY": settings.s3_secret_key or "",
+        "COLUMNS": "250",
+    }
+    batch_id = next(iter(_batches))
+
+    def status_row() -> str | None:
+        out = CliRunner().invoke(app, ["status", batch_id], env=env, catch_exceptions=False).output
+        assert batch_id in out, out  # the trials' table is still there
+        return next((line for line in out.splitlines() if settings.worker_id in line), None)
+
+    row = None
+    for _ in range(60):  # the worker writes its report every tick (0.5 s); idle, it settles at 1
+        row = await asyncio.to_thread(status_row)  # the worker runs on this test's loop
+        if row is not None and "0/1" in row:
+            break
+        await asyncio.sleep(0.5)
+    assert row is not None
+    assert "adaptive" in row and "0/1" in row and "demand:idle" in row, row

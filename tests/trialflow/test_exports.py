@@ -52,3 +52,29 @@ def test_scaffold_exports():
         "scaffold_class",
     ]
     assert all(hasattr(scaffolds, name) for name in scaffolds.__all__)
+
+
+def test_admission_exports():
+    from trialflow import admission
+
+    assert sorted(admission.__all__) == [
+        "Admission",
+        "AdmissionReport",
+        "Binding",
+        "Gate",
+        "Mark",
+        "Policy",
+        "Pressure",
+        "ReplicaSignals",
+        "SandboxSignals",
+        "SandboxSlots",
+        "Sensors",
+        "Signals",
+        "StartStats",
+        "State",
+        "Usage",
+        "admission_key",
+        "read_reports",
+        "step",
+    ]
+    assert all(hasattr(admission, name) for name in admission.__all__)

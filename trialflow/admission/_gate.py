@@ -117,21 +117,35 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+class _Permit(SlotPermit):
+    used = False
+
+
 class SandboxSlots(CustomSlotSupplier):
-    """The set-up worker's activity slots, one unit of `gate` each (module docstring)."""
+    """The set-up worker's activity slots, one unit of `gate` each (module docstring).
+    ``used``: slots running a set-up now (the rest are reserved by idle pollers)."""
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
+        self._lock = threading.Lock()
+        self.used = 0
 
     async def reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit:
         await self.gate.acquire()
-        return SlotPermit()
+        return _Permit()
 
     def try_reserve_slot(self, ctx: SlotReserveContext) -> SlotPermit | None:
-        return SlotPermit() if self.gate.try_acquire() else None
+        return _Permit() if self.gate.try_acquire() else None
 
     def mark_slot_used(self, ctx: SlotMarkUsedContext) -> None:
-        pass
+        if isinstance(ctx.permit, _Permit) and not ctx.permit.used:
+            with self._lock:
+                ctx.permit.used = True
+                self.used += 1
 
     def release_slot(self, ctx: SlotReleaseContext) -> None:
+        if isinstance(ctx.permit, _Permit) and ctx.permit.used:
+            with self._lock:
+                ctx.permit.used = False
+                self.used -= 1
         self.gate.release()

@@ -11,8 +11,12 @@
   (``trialflow_admission_overadmitted_total``): a limit that binds too long must cost
   throughput, never an attempt.
 
-Both limits start at the ceiling (`max_concurrent_trials`); `set_limits` (the controller,
-trialflow.admission._control) moves them below it.
+Both limits are the ceiling (`max_concurrent_trials`) in the fixed mode. Given a `Policy`,
+`run` ticks the controller (trialflow.admission._control) every interval with what the
+`Sensors` read and what the gates hold, and moves the limits below the ceiling; each
+decision is in the metrics (limits, binding signal, the signals' values), in `report()`
+(the store's ``admission/{worker}.json``, `trialflow status`), and a log line says when the
+binding side changes.
 """
 
 from __future__ import annotations
@@ -20,21 +24,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 
 from temporalio.worker import FixedSizeSlotSupplier, WorkerTuner
 
+from trialflow.admission._control import Policy, Signals, State, Usage, step
 from trialflow.admission._gate import Gate, SandboxSlots
+from trialflow.admission._report import AdmissionReport
+from trialflow.admission._signals import Sensors, StartStats
 from trialflow.metrics import TrialMetrics
 
 log = logging.getLogger("trialflow.admission")
 
 
 class Admission:
-    def __init__(self, ceiling: int, metrics: TrialMetrics | None = None) -> None:
+    """`policy` None: the fixed mode (both limits at `ceiling`); else the controller's."""
+
+    def __init__(
+        self, ceiling: int, metrics: TrialMetrics | None = None, policy: Policy | None = None
+    ) -> None:
+        if policy is not None and policy.ceiling != ceiling:
+            raise ValueError(f"the policy's ceiling {policy.ceiling} is not the ceiling {ceiling}")
         self.ceiling = ceiling
-        self.sandboxes = Gate(ceiling)
-        self.model = Gate(ceiling)
+        self.policy = policy
+        self.state = State.initial(policy) if policy is not None else None
+        self.signals = Signals()
+        self.starts = StartStats()
+        start = self.state.sandbox_limit if self.state is not None else ceiling
+        self.sandboxes = Gate(start)
+        self.model = Gate(self.state.model_limit if self.state is not None else ceiling)
+        self._slots = SandboxSlots(self.sandboxes)
         self._metrics = metrics if metrics is not None else TrialMetrics()
         self._leases: set[str] = set()
         self._publish()
@@ -45,7 +65,7 @@ class Admission:
         runs no workflows or local activities; those suppliers are nominal)."""
         return WorkerTuner.create_composite(
             workflow_supplier=FixedSizeSlotSupplier(1),
-            activity_supplier=SandboxSlots(self.sandboxes),
+            activity_supplier=self._slots,
             local_activity_supplier=FixedSizeSlotSupplier(1),
             nexus_supplier=FixedSizeSlotSupplier(1),
         )
@@ -100,6 +120,70 @@ class Admission:
         self.model.set_limit(min(self.ceiling, model))
         self._publish()
 
+    def usage(self) -> Usage:
+        """What the gates hold: set-ups running + live sandboxes (not the idle pollers'
+        reservations), and model phases."""
+        sandboxes = self._slots.used + len(self._leases)
+        return Usage(
+            sandboxes=sandboxes,
+            sandbox_waiting=sandboxes >= self.sandboxes.limit,
+            model=self.model.held,
+            model_waiting=self.model.waiting,
+        )
+
+    def tick(self, signals: Signals) -> State | None:
+        """One controller decision from `signals` (None in the fixed mode), applied."""
+        if self.policy is None or self.state is None:
+            return None
+        before = self.state.binding
+        self.signals = signals
+        self.state = state = step(self.policy, self.state, signals, self.usage())
+        self.set_limits(state.sandbox_limit, state.model_limit)
+        if state.binding.side != before.side:
+            log.info(
+                "admission: %s binds now (was %s): %d sandboxes, %d model phases",
+                state.binding,
+                before,
+                state.sandbox_limit,
+                state.model_limit,
+            )
+        self._metrics.admission_binding.clear()
+        self._metrics.admission_binding.labels(state.binding.side, state.binding.signal).set(1)
+        for name, value in _signal_values(signals).items():
+            self._metrics.admission_signal.labels(name).set(value)
+        return state
+
+    async def run(
+        self, sensors: Sensors, interval_s: float, on_tick: Callable[[], None] | None = None
+    ) -> None:
+        """Tick every `interval_s` until cancelled. A failing read is logged and skipped:
+        the limits then stay where they are (never a reason to stop the worker)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.tick(await sensors.read())
+            except (OSError, ValueError, RuntimeError) as exc:
+                log.warning("admission: signals not read (%s: %s); limits unchanged", type(exc).__name__, exc)
+            if on_tick is not None:
+                on_tick()
+
+    def report(self, worker_id: str) -> AdmissionReport:
+        usage = self.usage()
+        binding = self.state.binding if self.state is not None else None
+        return AdmissionReport(
+            worker_id=worker_id,
+            mode="fixed" if self.policy is None else "adaptive",
+            ceiling=self.ceiling,
+            sandbox_limit=self.sandboxes.limit,
+            model_limit=self.model.limit,
+            live_sandboxes=len(self._leases),
+            sandboxes_in_use=usage.sandboxes,
+            model_phase=usage.model,
+            model_waiting=usage.model_waiting,
+            binding=str(binding) if binding is not None else "ceiling:max_concurrent_trials",
+            signals=_signal_values(self.signals),
+        )
+
     def _publish(self) -> None:
         m = self._metrics
         for kind, gate in (("sandboxes", self.sandboxes), ("model_phase", self.model)):
@@ -107,3 +191,11 @@ class Admission:
             m.admission_held.labels(kind).set(gate.held)
             m.admission_waiting.labels(kind).set(gate.waiting)
         m.admission_live_sandboxes.set(len(self._leases))
+
+
+def _signal_values(signals: Signals) -> dict[str, float]:
+    """The signals that were read, flat (metric label / report key -> value)."""
+    out = {f"sandbox_{k}": v for k, v in asdict(signals.sandbox).items() if v is not None}
+    if signals.replica is not None:
+        out.update({f"replica_{k}": float(v) for k, v in asdict(signals.replica).items()})
+    return out

@@ -14,6 +14,7 @@ import typer
 from temporalio.client import Client
 
 from trialflow import batch, batch_index
+from trialflow.admission import AdmissionReport, read_reports
 from trialflow.cli._app import (
     ModelDirOpt,
     ReplicaOpt,
@@ -24,8 +25,8 @@ from trialflow.cli._app import (
     say_store,
     settings_from_flags,
 )
-from trialflow.cli._views import results_table, status_table, trial_progress
-from trialflow.errors import UnknownScaffold
+from trialflow.cli._views import admission_table, results_table, status_table, trial_progress
+from trialflow.errors import ObjectNotFound, StorageError, UnknownScaffold
 from trialflow.inspection import record_skipped
 from trialflow.preflight import InProcessModel, RunCheck, check_batch
 from trialflow.sandbox.gpus import host_gpus
@@ -292,6 +293,25 @@ def status(batch_id: str, temporal: TemporalOpt = None) -> None:
         )
         raise typer.Exit(1)
     console.print(status_table(trials, title=f"batch {batch_id}"))
+    reports = _admission_reports(settings)
+    if reports:
+        console.print(admission_table(reports))
+
+
+def _admission_reports(settings: TrialflowSettings) -> list[AdmissionReport]:
+    """The workers' admission reports in the settings' store; none when it has no store
+    (status needs only Temporal) or cannot be read now (said in one line)."""
+    try:
+        store = open_store(settings, create=False)
+        reports, bad = read_reports(store)
+    except ObjectNotFound:
+        return []
+    except StorageError as exc:
+        console.print(f"[yellow]admission reports not read:[/] {exc}")
+        return []
+    for key, why in bad.items():
+        console.print(f"[yellow]admission report {key} unreadable:[/] {why}")
+    return reports
 
 
 def replay(

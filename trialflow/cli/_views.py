@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from trialflow.admission import AdmissionReport
 from trialflow.batch import TrialStatus
 from trialflow.display import mean_valid, reward_text, steps_text, why
 from workflows.shared import TrialResult
@@ -88,5 +90,27 @@ def status_table(trials: Sequence[TrialStatus], title: str) -> Table:
             reward,
             t.termination or "",
             t.replay_of or "",
+        )
+    return table
+
+
+def admission_table(reports: Sequence[AdmissionReport]) -> Table:
+    """One row per worker: its admission limits (in use / limit, the ceiling), what binds
+    them, and the age of the report (a stale one is from a worker gone without a word)."""
+    table = Table(title="admission (per worker)")
+    for column in ("worker", "mode", "sandboxes", "model phase", "ceiling", "binding", "age s"):
+        table.add_column(column, overflow="fold")
+    now = datetime.now(UTC)
+    for r in reports:
+        age = (now - r.updated_at).total_seconds()
+        table.add_row(
+            r.worker_id,
+            r.mode,
+            f"{r.sandboxes_in_use}/{r.sandbox_limit}",
+            f"{r.model_phase}/{r.model_limit}"
+            + (f" (+{r.model_waiting} waiting)" if r.model_waiting else ""),
+            str(r.ceiling),
+            r.binding,
+            f"{age:.0f}" + (" (stale)" if r.stale(now) else ""),
         )
     return table

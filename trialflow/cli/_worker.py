@@ -47,7 +47,7 @@ from activities.scaffold import ScaffoldActivities
 from activities.steps import StepActivities
 from activities.store import StoreActivities
 from activities.verify import VerifyActivities
-from trialflow.admission import Admission
+from trialflow.admission import Admission, Sensors, admission_key
 from trialflow.batch import connect
 from trialflow.errors import StorageError
 from trialflow.metrics import TrialMetrics
@@ -159,6 +159,7 @@ class WorkerProcess:
         self._client = client
         self._stop = asyncio.Event()
         self._running: asyncio.Task[None] | None = None
+        self._reporting: asyncio.Future[None] | None = None
 
     async def __aenter__(self) -> Self:
         await self._build()
@@ -193,8 +194,9 @@ class WorkerProcess:
             register_scaffold(name, target)
         store = open_store(settings)
         limits = settings.transfer_limits()
+        engine = docker.from_env()
         self.backend = DockerBackend(
-            docker.from_env(),
+            engine,
             labels={"trialflow.worker": queue},
             policy=settings.sandbox_policy(),
             limits=limits,
@@ -213,7 +215,12 @@ class WorkerProcess:
             )
         )
         # live sandboxes and model phases of this host, below max_concurrent_trials
-        self.admission = admission = Admission(settings.max_concurrent_trials, metrics)
+        self.admission = admission = Admission(
+            settings.max_concurrent_trials, metrics, settings.admission_policy()
+        )
+        self._sensors = Sensors(
+            admission.starts, engine, self.proxy.replica_loads if self.proxy is not None else None
+        )
         self.sandboxes = sandbox = SandboxActivities(
             self.backend, store.uri, queue, metrics, egresses, admission
         )
@@ -262,6 +269,9 @@ class WorkerProcess:
         workers = (self.workflows, self.setups, self.host)
         tasks = [asyncio.create_task(w.run()) for w in workers]
         reaper = asyncio.create_task(self._reap_forever())
+        admitting = asyncio.create_task(
+            self.admission.run(self._sensors, self.settings.admission_interval_s, self._report_admission)
+        )
         log.info("polling %s and %s", self.settings.task_queue, self.host_queue)
         try:
             stopped = asyncio.create_task(self._stop.wait())
@@ -271,8 +281,11 @@ class WorkerProcess:
                     task.result()  # a worker died: surface its error
         finally:
             reaper.cancel()
+            admitting.cancel()
             await self._drain()
             await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(StorageError):  # a stale report is marked stale by its age
+                await asyncio.to_thread(self._store.delete, admission_key(self._worker_id))
             if self.proxy is not None:
                 try:
                     await asyncio.to_thread(unregister_proxy, self._store, self._worker_id)
@@ -311,6 +324,20 @@ class WorkerProcess:
             if desc.status == WorkflowExecutionStatus.RUNNING:
                 return True
         return False
+
+    def _report_admission(self) -> None:
+        """Write this worker's admission report (`trialflow status`), one write at a time."""
+        if self._reporting is not None and not self._reporting.done():
+            return
+        body = self.admission.report(self._worker_id).model_dump_json().encode()
+        key = admission_key(self._worker_id)
+        self._reporting = asyncio.create_task(asyncio.to_thread(self._put_quietly, key, body))
+
+    def _put_quietly(self, key: str, body: bytes) -> None:
+        try:
+            self._store.put_bytes(key, body, "application/json")
+        except StorageError as exc:  # status then shows the last report, or none
+            log.warning("admission report not written: %s", exc)
 
     async def _reap_forever(self) -> None:
         while True:
