@@ -3,7 +3,8 @@ thread). The only I/O of the viewer besides the server itself.
 
 Everything is read through `trialflow.storage` (the store layout, `load_attempt`, the one
 trajectory reader) and `trialflow.inspection` (verifier output). Bounds, so a huge trial never
-makes a huge page or a huge process: a batch page lists `TRIALS_PER_PAGE` trials, a unit shows
+makes a huge page or a huge process: the index lists `BATCHES_PER_PAGE` batches, a batch page
+`TRIALS_PER_PAGE` trials, a unit shows
 `LOGS_SHOWN` log files, each its last `LOG_TAIL_BYTES`, and decoded trajectories are kept in a
 small LRU (`CACHE_SIZE`).
 
@@ -37,6 +38,7 @@ from trialflow.storage import (
 from workflows.shared import TrialResult
 
 TRIALS_PER_PAGE = 100
+BATCHES_PER_PAGE = 100
 LOG_TAIL_BYTES = 64 << 10
 LOGS_SHOWN = 20
 CACHE_SIZE = 4
@@ -114,12 +116,14 @@ class TrialPage:
     replays: list[dict[str, Any]]  # stored `replay --from-record` reports, oldest first
 
 
-def list_batches(store: ResultStore) -> list[BatchEntry]:
-    """Every batch in the store with its trial count (one listing per batch)."""
+def list_batches(store: ResultStore, offset: int = 0) -> tuple[list[BatchEntry], int]:
+    """`BATCHES_PER_PAGE` of the store's batches from ``offset``, each with its trial count
+    (one listing per batch shown), and how many batches there are."""
+    ids = _guard(lambda: store.list_children("batches/"))
     return [
-        BatchEntry(b, len(store.list_children(f"batches/{b}/trials/")))
-        for b in _guard(lambda: store.list_children("batches/"))
-    ]
+        BatchEntry(b, len(_guard(functools.partial(store.list_children, f"batches/{b}/trials/"))))
+        for b in ids[offset : offset + BATCHES_PER_PAGE]
+    ], len(ids)
 
 
 def batch_page(store: ResultStore, batch_id: str, offset: int = 0) -> BatchPage:

@@ -94,11 +94,16 @@ def _badge(source: str) -> str:
 # ---------------------------------------------------------------------------- index and batch
 
 
-def index_page(batches: Sequence[BatchEntry], where: str) -> str:
-    rows = [[_link(batch_url(b.batch_id), b.batch_id), str(b.trials)] for b in batches]
-    body = f"<p>store: {esc(where)}</p>" + (
-        _table(["batch", "trials"], rows, "batches") if rows else "<p>no batches in this store</p>"
+def index_page(batches: Sequence[BatchEntry], where: str, total: int, offset: int, per_page: int) -> str:
+    rows = [[_link(batch_url(b.batch_id), b.batch_id), esc(b.trials)] for b in batches]
+    body = f"<p>store: {esc(where)}</p>"
+    if not rows:
+        return page("batches", body + "<p>no batches here</p>")
+    body += f"<p>batches {offset + 1}-{offset + len(rows)} of {total}</p>" + _table(
+        ["batch", "trials"], rows, "batches"
     )
+    if offset + per_page < total:
+        body += _link(f"/?offset={offset + per_page}", "next batches")
     return page("batches", body)
 
 

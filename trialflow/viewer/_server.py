@@ -89,8 +89,9 @@ def make_app(viewer: Viewer) -> web.Application:
     store = viewer.store
 
     async def index(request: web.Request) -> web.Response:
-        batches = await asyncio.to_thread(_data.list_batches, store)
-        return _html(_render.index_page(batches, viewer.where))
+        offset = _int(request, "offset", 0) or 0
+        batches, total = await asyncio.to_thread(_data.list_batches, store, offset)
+        return _html(_render.index_page(batches, viewer.where, total, offset, _data.BATCHES_PER_PAGE))
 
     async def batch(request: web.Request) -> web.Response:
         offset = _int(request, "offset", 0) or 0

@@ -312,3 +312,18 @@ async def test_a_flood_of_logs_and_a_huge_answer_stay_bounded(tmp_path, serve):
     turn = await _get(await serve(store), turn_url(TRIAL, 1))
     assert "more characters; every token is on the segment page" in turn
     assert len(turn) < 2 * TEXT_CHARS + 400_000
+
+
+async def test_the_index_is_paged(tmp_path, serve, monkeypatch):
+    from trialflow.viewer import _data
+
+    monkeypatch.setattr(_data, "BATCHES_PER_PAGE", 2)
+    store = make_store(tmp_path)
+    for b in ("b-2", "b-3"):
+        store.put_bytes(trial_result_key(b, f"trial-{b}-x-0"), b"{}")
+    client = await serve(store)
+    first = await _get(client, "/")
+    assert "batches 1-2 of 3" in first and 'href="/?offset=2"' in first
+    last = await _get(client, "/?offset=2")
+    assert "batches 3-3 of 3" in last and "b-3" in last and "next batches" not in last
+    assert "no batches here" in await _get(client, "/?offset=9")
