@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
 )
 from temporalio.common import (
     SearchAttributeKey,
@@ -37,7 +39,9 @@ from temporalio.common import (
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
+from trialflow import trial_details
 from trialflow.scaffolds import check_scaffold
 from workflows.shared import (
     SA_BATCH,
@@ -50,6 +54,7 @@ from workflows.shared import (
     WORKFLOW_NAME,
     StepResult,
     TrialError,
+    TrialProgress,
     TrialResult,
     TrialSpec,
     safe_id_part,
@@ -203,7 +208,8 @@ async def submit_one(client: Client, spec: TrialSpec, task_queue: str = SHARED_Q
                 "spec": spec.model_dump(mode="json"),
                 "replay_of": spec.replay_of or "",
             },
-            static_summary=f"{spec.scaffold} on {spec.task_name} #{spec.sample_index}",
+            static_summary=trial_details.summary(spec),
+            static_details=trial_details.start_details(spec),
         )
     except WorkflowAlreadyStartedError:
         # A closed run with this id exists: its result is the trial's result.
@@ -289,6 +295,10 @@ class TrialStatus:
     replay_of: str | None
     rewards: dict[str, float] | None = None  # the verifier's components (from the memo)
     steps: tuple[StepResult, ...] = ()  # a multi-step trial's steps (from the memo; no trajectory URIs)
+    # `with_progress` only: a running trial's live progress (its `progress` query; None when no
+    # worker answered it), a finished trial's result (phase, attempt, turns, tokens and why)
+    progress: TrialProgress | None = None
+    result: TrialResult | None = None
 
 
 async def list_trials(client: Client, batch_id: str) -> list[TrialStatus]:
@@ -317,6 +327,36 @@ async def list_trials(client: Client, batch_id: str) -> list[TrialStatus]:
             )
         )
     return sorted(out, key=lambda t: t.workflow_id)
+
+
+PROGRESS_QUERY_TIMEOUT = timedelta(seconds=5)
+
+
+async def with_progress(
+    client: Client, trials: Sequence[TrialStatus], concurrency: int = 16
+) -> list[TrialStatus]:
+    """`trials` with each running one's live progress (the workflow's `progress` query) and
+    each completed one's result: what `trialflow status` shows beyond visibility. A query no
+    worker answers within `PROGRESS_QUERY_TIMEOUT` leaves `progress` None (the trial waits
+    for a worker)."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(t: TrialStatus) -> TrialStatus:
+        handle = client.get_workflow_handle(t.workflow_id, result_type=TrialResult)
+        async with gate:
+            if t.status == WorkflowExecutionStatus.RUNNING.name:
+                try:
+                    progress = await handle.query(
+                        "progress", result_type=TrialProgress, rpc_timeout=PROGRESS_QUERY_TIMEOUT
+                    )
+                except (RPCError, WorkflowQueryFailedError):
+                    return t
+                return replace(t, progress=progress)
+            if t.status == WorkflowExecutionStatus.COMPLETED.name:
+                return replace(t, result=await handle.result())
+        return t
+
+    return list(await asyncio.gather(*(one(t) for t in trials)))
 
 
 async def spec_of(client: Client, workflow_id: str) -> TrialSpec:

@@ -51,6 +51,7 @@ Termination = Literal[
 # image's, which the agent could have replaced; "separate": a fresh verifier sandbox that
 # received only the task's artifacts.
 VerifierTrust = Literal["harness", "separate"]
+TrialOutcome = Literal["ok", "invalid", "error"]  # the SA_OUTCOME values
 Phase = Literal["pending", "setup", "step_setup", "scaffold", "verify", "teardown", "done"]
 
 # Search attributes: name -> Temporal type (registered by `trialflow.batch.ensure_search_attributes`,
@@ -62,6 +63,9 @@ SA_REWARD = "TrialReward"
 SA_TERMINATION = "TrialTermination"
 SA_STEP = "TrialStep"
 SA_REWARD_VALID = "TrialRewardValid"  # "true" / "false": an invalid reward is not a 0
+# "ok" / "invalid" (no valid reward) / "error" (ended by an error): TrialOutcome, set at the end
+# (trialflow.trial_details.outcome), so a batch's trials that need a look are one query
+SA_OUTCOME = "TrialOutcome"
 SEARCH_ATTRIBUTE_TYPES: dict[str, str] = {
     SA_BATCH: "keyword",
     SA_TASK: "keyword",
@@ -70,6 +74,7 @@ SEARCH_ATTRIBUTE_TYPES: dict[str, str] = {
     SA_TERMINATION: "keyword",
     SA_STEP: "int",
     SA_REWARD_VALID: "keyword",
+    SA_OUTCOME: "keyword",
 }
 
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -187,6 +192,9 @@ class TrialSpec(BaseModel):
     host_schedule_timeout_s: float = 120.0
     metadata: dict[str, str] = Field(default_factory=dict)
     network: RunNetwork = Field(default_factory=RunNetwork)  # each phase's network: RunNetwork
+    # The trajectory viewer's address the Temporal UI's details link the trial to
+    # (trialflow.trial_details.viewer_link); None: its default address
+    viewer_url: str | None = None
 
     @property
     def trial_id(self) -> str:

@@ -73,11 +73,13 @@ with workflow.unsafe.imports_passed_through():
     from activities.steps import StepActivities
     from activities.store import StoreActivities
     from activities.verify import VerifyActivities
+    from trialflow import trial_details
     from trialflow.multi_step import combine_rewards, stop_reason
     from trialflow.storage import AttemptRecord
     from trialflow.verifier import scalar_reward
     from workflows.shared import (
         SA_BATCH,
+        SA_OUTCOME,
         SA_REWARD,
         SA_REWARD_VALID,
         SA_SCAFFOLD,
@@ -129,6 +131,8 @@ ATTEMPT_BACKOFF = timedelta(seconds=2)
 REPLAY_LOST_ATTEMPT = "replay-lost-attempt"
 # Patch id: a multi-step trial's per-step rewards in the memo (`trialflow status` shows them).
 STEP_REWARDS_MEMO = "step-rewards-memo"
+# Patch id: the TrialOutcome search attribute at the end (ok / invalid / error).
+OUTCOME_SEARCH_ATTRIBUTE = "outcome-search-attribute"
 
 InT = TypeVar("InT")
 OutT = TypeVar("OutT")
@@ -211,6 +215,7 @@ def _host_lost(err: ActivityError) -> bool:
 class TrialWorkflow:
     def __init__(self) -> None:
         self._progress = TrialProgress()
+        self._spec: TrialSpec | None = None
 
     @workflow.query
     def progress(self) -> TrialProgress:
@@ -223,9 +228,16 @@ class TrialWorkflow:
             self._progress.turns = beat.turns
             self._progress.prompt_tokens = beat.prompt_tokens
             self._progress.response_tokens = beat.response_tokens
+            self._show_progress()
+
+    def _show_progress(self) -> None:
+        """The UI's current details while the trial runs (no command: replays unchanged)."""
+        if self._spec is not None:
+            workflow.set_current_details(trial_details.live_details(self._progress, self._spec))
 
     @workflow.run
     async def run(self, spec: TrialSpec) -> TrialResult:
+        self._spec = spec
         self._ensure_start_attributes(spec)
         tally = _Tally()
         termination: Termination | None = None
@@ -288,6 +300,10 @@ class TrialWorkflow:
             workflow.upsert_memo({"rewards": dict(result.rewards)})
         if result.step_results and workflow.patched(STEP_REWARDS_MEMO):
             workflow.upsert_memo({"steps": [_step_memo(s) for s in result.step_results]})
+        if workflow.patched(OUTCOME_SEARCH_ATTRIBUTE):
+            outcome = trial_details.outcome(result)
+            workflow.upsert_search_attributes([SearchAttributeKey.for_keyword(SA_OUTCOME).value_set(outcome)])
+        workflow.set_current_details(trial_details.final_details(result, spec))
         return result
 
     async def _attempt(
@@ -331,6 +347,7 @@ class TrialWorkflow:
             # (a worker process exiting with the workflow cached), nothing to tear down from here.
             if workflow.in_workflow():
                 self._progress.phase = "teardown"
+                self._show_progress()
                 await asyncio.shield(self._teardown(spec, attempt, tally, setup))
 
     async def _scaffold_and_verify(
@@ -523,6 +540,7 @@ class TrialWorkflow:
         by the activity method, so callers need no runtime type checks (an assert failing
         in a workflow is a workflow-task failure that Temporal retries forever)."""
         started = workflow.now()
+        self._show_progress()
         try:
             return await workflow.execute_activity_method(activity, arg, summary=summary, **options)
         except ActivityError as err:
@@ -531,6 +549,8 @@ class TrialWorkflow:
                 raise asyncio.CancelledError() from err
             error = classify(err, phase, attempt)
             if _host_lost(err) and phase != "setup":
+                # the message in words: which host, what timed out (the UI and the result show it)
+                error.message = lost_message(err, phase, attempt, options)
                 raise _AttemptLost(error) from err
             if error.non_retryable:
                 raise _TrialFailed(error, _termination_for(phase, error)) from err
@@ -678,10 +698,37 @@ def _steps_outcome(steps: list[StepResult], strategy: str | None) -> tuple[Scaff
 
 def activity_summary(phase: str, attempt: int, spec: TrialSpec, note: str = "") -> str:
     """The one-line label an activity carries in the Temporal UI: phase, attempt, task,
-    scaffold (e.g. "scaffold · attempt 2/3 · fix-bug · claude-code"). Only metadata: it
-    is not part of the replay-checked command attributes."""
-    label = f"{phase}{' (' + note + ')' if note else ''} · attempt {attempt}/{spec.attempt_limit}"
+    scaffold (e.g. "scaffold · trial attempt 2/3 · fix-bug · claude-code": the trial's attempt,
+    which the UI's own "Attempt" of an activity retry is not). Only metadata: it is not part
+    of the replay-checked command attributes."""
+    label = f"{phase}{' (' + note + ')' if note else ''} · trial attempt {attempt}/{spec.attempt_limit}"
     return f"{label} · {spec.task_name} · {spec.scaffold}"
+
+
+def lost_message(err: ActivityError, phase: Phase, attempt: int, options: dict[str, Any]) -> str:
+    """Why an attempt was lost, in words: which activity, on which host queue, which timeout
+    ran out and what that means (`err` is a host-lost timeout: `_host_lost`)."""
+    assert isinstance(err.cause, TimeoutError)
+    kind = err.cause.type
+    queue = options.get("task_queue", "?")
+
+    def seconds(key: str) -> str:
+        value = options.get(key)
+        return f"{value.total_seconds():g} s" if isinstance(value, timedelta) else "its limit"
+
+    if kind == TimeoutType.SCHEDULE_TO_START:
+        what = (
+            f"was not picked up within {seconds('schedule_to_start_timeout')}: no worker polls that "
+            "host's queue (its worker stopped or lost the Temporal server)"
+        )
+    elif kind == TimeoutType.HEARTBEAT:
+        what = (
+            f"sent no heartbeat for {seconds('heartbeat_timeout')}: its worker died, hung or lost "
+            "the Temporal server"
+        )
+    else:
+        what = f"did not finish within its {seconds('start_to_close_timeout')} limit"
+    return f"attempt {attempt} lost: the {phase} activity on {queue} {what}"
 
 
 def _termination_for(phase: Phase, error: TrialError) -> Termination:

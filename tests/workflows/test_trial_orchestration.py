@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from temporalio import activity
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
@@ -191,6 +192,16 @@ async def test_success_runs_every_phase_on_the_right_queue(client, harness):
     assert set(result.timings) == {"setup", "scaffold", "verify", "teardown"}
     assert result.trajectory_uris == [f"file:///store/{result.trial_id}/attempt-1/trajectory.npz"]
     assert result.result_uri and fake.stored[0].result.trial_id == result.trial_id
+    # the Temporal UI's current details: how it went, where the records are, what to run next
+    meta = await client.get_workflow_handle(result.trial_id).query(
+        "__temporal_workflow_metadata", result_type=WorkflowMetadata
+    )
+    assert meta.current_details.splitlines()[:2] == [
+        "### reward 1.000 (valid) · submitted",
+        "turns 3 (0 replayed, 3 generated) · 100 prompt / 40 generated tokens · 1 attempt",
+    ], meta.current_details
+    assert f"attempt 1 trajectory: `{result.trajectory_uris[0]}`" in meta.current_details
+    assert f"`trialflow inspect {result.trial_id}`" in meta.current_details
 
 
 async def test_activities_carry_ui_summaries(client, harness):
@@ -206,11 +217,11 @@ async def test_activities_carry_ui_summaries(client, harness):
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
     ]
-    assert summaries == [
-        "setup · attempt 1/2 · hello · oracle",
-        "scaffold · attempt 1/2 · hello · oracle",
-        "verify · attempt 1/2 · hello · oracle",
-        "teardown · attempt 1/2 · hello · oracle",
+    assert summaries == [  # the trial's attempt, not the UI's own "Attempt" of an activity retry
+        "setup · trial attempt 1/2 · hello · oracle",
+        "scaffold · trial attempt 1/2 · hello · oracle",
+        "verify · trial attempt 1/2 · hello · oracle",
+        "teardown · trial attempt 1/2 · hello · oracle",
         "store result · submitted · reward 1.000",
     ]
 
@@ -258,6 +269,11 @@ async def test_every_attempt_lost_is_an_infra_error(client, harness):
     [result] = await batch.run(client, [spec], task_queue=shared)
     assert result.termination_reason == "infra_error" and result.attempts == 2
     assert result.error is not None and result.error.type == "ActivityTimeout.SCHEDULE_TO_START"
+    # why, in words: which activity on which host queue, which timeout, what it means
+    assert result.error.message == (
+        f"attempt 2 lost: the scaffold activity on {DEAD_QUEUE} was not picked up within 4 s: no "
+        "worker polls that host's queue (its worker stopped or lost the Temporal server)"
+    ), result.error.message
     assert len(result.trajectory_uris) == 2
 
 
@@ -442,6 +458,8 @@ PATHS = {
     "non_retryable_setup_error": (_non_retryable, "setup_error"),
     "cancelled": (_cancel, "cancelled"),
     "agent_timeout": (_agent_timeout, "timeout"),
+    # since workflow.patched("outcome-search-attribute"): TrialOutcome upserted at the end
+    "success_outcome": (lambda fake: {}, "submitted"),
 }
 
 
