@@ -70,16 +70,17 @@ def error_page(message: str, status: int) -> str:
     return page(f"error {status}", f'<p class="err" id="error">{esc(message)}</p>')
 
 
-def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], id_: str = "") -> str:
+def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], id_: str = "", cls: str = "") -> str:
     """``rows`` cells are HTML already (escaped by their makers); ``header`` None: a
-    field/value table (each row's first cell is its heading)."""
+    field/value table (each row's first cell is its heading). ``id_`` for a page's one such
+    table, ``cls`` for one per attempt."""
 
     def cell(i: int, html_: str) -> str:
         return f"<th>{html_}</th>" if header is None and i == 0 else f"<td>{html_}</td>"
 
     head = "" if header is None else "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
     body = "".join("<tr>" + "".join(cell(i, c) for i, c in enumerate(row)) + "</tr>" for row in rows)
-    ident = f' id="{esc(id_)}"' if id_ else ""
+    ident = (f' id="{esc(id_)}"' if id_ else "") + (f' class="{esc(cls)}"' if cls else "")
     return f"<table{ident}>{head}{body}</table>"
 
 
@@ -287,7 +288,7 @@ def _segments_table(r: TrialResult, u: Any, traj: Trajectory) -> str:
             esc(model), esc(len(seg.response_mask) - model),
         ])  # fmt: skip
     return "<h3>segments</h3>" + _table(
-        ["segment", "kind", "why it began", "prompt", "model (mask 1)", "env (mask 0)"], rows, "segments"
+        ["segment", "kind", "why it began", "prompt", "model (mask 1)", "env (mask 0)"], rows, cls="segments"
     )
 
 
@@ -321,7 +322,7 @@ def _turns_table(r: TrialResult, u: Any, traj: Trajectory) -> str:
         "latency s",
         "replica",
     ]
-    return "<h3>turns</h3>" + _table(header, rows, "turns") + note
+    return "<h3>turns</h3>" + _table(header, rows, cls="turns") + note
 
 
 def _log_block(name: str, log: LogText) -> str:

@@ -118,7 +118,7 @@ def _browse(base: str, trial_id: str, shots: Path) -> None:
             f"resumed: replayed {K - 1} of {K - 1} recorded turns; live from turn {K} on (record ended)"
         ), resume
         assert "the main thread's first request" in body
-        turns = d.find_elements(By.ID, "turns")[-1]  # attempt 2's
+        turns = d.find_elements(By.CSS_SELECTOR, "table.turns")[-1]  # attempt 2's
         badges = [b.text for b in turns.find_elements(By.CLASS_NAME, "badge")]
         assert badges == ["replayed"] * (K - 1) + ["generated"] * (N - K + 1)
         assert "shell" in turns.text
@@ -131,7 +131,7 @@ def _browse(base: str, trial_id: str, shots: Path) -> None:
         assert "-alpha" in dels and "+beta" in adds, (dels, adds)
         shot("trial")
 
-        turns = d.find_elements(By.ID, "turns")[-1]
+        turns = d.find_elements(By.CSS_SELECTOR, "table.turns")[-1]
         turns.find_element(By.LINK_TEXT, str(K)).click()  # the first generated turn
         untouched(f"turn {K} of {trial_id}")
         calls = d.find_element(By.ID, "tool-calls").text
