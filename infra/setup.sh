@@ -13,6 +13,8 @@ command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v tmux >/dev/null || need_apt+=(tmux)
 # The harness's own toolchain in every sandbox (trialflow.sandbox.toolchain): one static binary.
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
+# A registry on loopback for tests/trialflow/test_registry.py (images pushed and pulled for real).
+command -v docker-registry >/dev/null || need_apt+=(docker-registry)
 # Builds the preload attack's library in tests/integrity/test_harness.py.
 command -v gcc >/dev/null || need_apt+=(gcc)
 # The real browser the viewer's and the Temporal UI's tests drive (selenium + chromedriver).

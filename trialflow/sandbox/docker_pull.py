@@ -33,7 +33,18 @@ from trialflow.errors import ImageBuildTimeout, ImagePullFailed, ImageUnavailabl
 
 log = logging.getLogger(__name__)
 
-_REFUSED = ("manifest unknown", "not found", "pull access denied", "unauthorized", "denied", "does not exist")
+# What the engine relays when the registry answered and refused (seen with distribution 2.8:
+# "manifest unknown", "no basic auth credentials"; Docker Hub: "pull access denied").
+_REFUSED = (
+    "manifest unknown",
+    "not found",
+    "pull access denied",
+    "unauthorized",
+    "denied",
+    "does not exist",
+    "no basic auth credentials",
+    "authentication required",
+)
 LOGIN_HINT = "credentials: `docker login REGISTRY` (the engine's clients read ~/.docker/config.json)"
 OFFLINE_HINT = "on a machine that cannot pull, TRIALFLOW_IMAGES_OFFLINE=1 uses trialflow's local stand-ins"
 
