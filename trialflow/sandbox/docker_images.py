@@ -150,7 +150,7 @@ class DockerImages:
         if found:
             return ImageInfo(tag, found, built=False, duration_s=time.monotonic() - t0)
         text = await asyncio.to_thread(image.dockerfile.read_text, errors="replace")
-        facts = dockerfile_facts.parse(text)
+        facts = dockerfile_facts.parse(text, image.build_args)
         if facts.problems:
             raise DockerfileUnsupported(image.label, list(facts.problems))
         refs = facts.refs
@@ -164,7 +164,9 @@ class DockerImages:
         say("building")
         remaining = max(1.0, deadline - time.monotonic())
         tail = await self._run(
-            lambda: self._build_blocking(image, remaining, dockerfile_facts.rewrite(text, standins), standins)
+            lambda: self._build_blocking(
+                image, remaining, dockerfile_facts.rewrite(text, standins, image.build_args), standins
+            )
         )
         image_id = await self._run(lambda: self.image_id(tag))
         if not image_id:

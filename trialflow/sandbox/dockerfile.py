@@ -2,8 +2,9 @@
 
 `parse(text)` -> `DockerfileFacts`: the images it brings in from outside (each `FROM` that is
 not an earlier stage or `scratch`, each `COPY --from=` that names an image rather than a
-stage), with the ARG defaults declared before the first FROM substituted (trialflow passes
-no build arguments, so a default is the value); and what the engine's builder refuses,
+stage), with the ARGs declared before the first FROM substituted (a compose service's build
+arguments where it gives them, else the ARG's default: a task's own build gets no build
+arguments); and what the engine's builder refuses,
 one line each. `rewrite(text, {ref: name})` gives the same Dockerfile with those images
 renamed (offline stand-ins), every other byte unchanged.
 
@@ -19,7 +20,7 @@ Edge cases: instructions are case-insensitive, a line ending in the escape chara
 (`\\`, or the `# escape=` directive's) continues the instruction, comment lines inside a
 continued instruction are dropped as the builder does; `FROM x AS name` names a stage that
 later `FROM name` / `COPY --from=name` (or `--from=<index>`) refer to; a `$VAR` in an image
-reference without a default is a problem (the builder would see an empty name).
+reference without a value is a problem (the builder would see an empty name).
 """
 
 from __future__ import annotations
@@ -149,7 +150,9 @@ def _substitute(ref: str, args: Mapping[str, str]) -> tuple[str, list[str]]:
     return _VAR.sub(one, ref), missing
 
 
-def _analyse(text: str) -> tuple[list[tuple[_Instruction, ImageUse, str]], list[str]]:
+def _analyse(
+    text: str, build_args: Mapping[str, str]
+) -> tuple[list[tuple[_Instruction, ImageUse, str]], list[str]]:
     """Each external image use with its instruction and the raw token naming it; problems."""
     uses: list[tuple[_Instruction, ImageUse, str]] = []
     problems: list[str] = []
@@ -177,7 +180,8 @@ def _analyse(text: str) -> tuple[list[tuple[_Instruction, ImageUse, str]], list[
         if kw == "ARG" and not seen_from:
             for decl in ins.args.split():
                 name, eq, value = decl.partition("=")
-                args[name] = value.strip("\"'") if eq else args.get(name, "")
+                given = build_args.get(name)
+                args[name] = given if given is not None else value.strip("\"'") if eq else args.get(name, "")
         elif kw == "FROM":
             seen_from = True
             words = ins.args.split()
@@ -189,7 +193,7 @@ def _analyse(text: str) -> tuple[list[tuple[_Instruction, ImageUse, str]], list[
             ref, missing = _substitute(raw, {k: v for k, v in args.items() if v != ""})
             if missing:
                 problems.append(
-                    f"{where}: FROM {raw}: ARG {', '.join(missing)} has no default (trialflow passes no build arguments)"
+                    f"{where}: FROM {raw}: ARG {', '.join(missing)} has no value (no default, no build argument)"
                 )
             elif ref.lower() not in stages and ref != "scratch":
                 uses.append((ins, ImageUse(ref, ins.first + 1, "FROM"), raw))
@@ -202,16 +206,16 @@ def _analyse(text: str) -> tuple[list[tuple[_Instruction, ImageUse, str]], list[
     return uses, problems
 
 
-def parse(text: str) -> DockerfileFacts:
-    uses, problems = _analyse(text)
+def parse(text: str, build_args: Mapping[str, str] | None = None) -> DockerfileFacts:
+    uses, problems = _analyse(text, build_args or {})
     return DockerfileFacts(images=tuple(u for _, u, _ in uses), problems=tuple(problems))
 
 
-def rewrite(text: str, names: Mapping[str, str]) -> str:
+def rewrite(text: str, names: Mapping[str, str], build_args: Mapping[str, str] | None = None) -> str:
     """`text` with every external image use whose ref is a key of `names` renamed to its
     value, in place (the token on its physical line); everything else unchanged."""
     lines = text.splitlines(keepends=True)
-    for ins, use, raw in _analyse(text)[0]:
+    for ins, use, raw in _analyse(text, build_args or {})[0]:
         new = names.get(use.ref)
         if new is None:
             continue

@@ -52,7 +52,7 @@ class ImageChecker:
             out = []
         else:
             rel = image.dockerfile.relative_to(root).as_posix()
-            facts = dockerfile.parse(image.dockerfile.read_text(errors="replace"))
+            facts = dockerfile.parse(image.dockerfile.read_text(errors="replace"), image.build_args)
             out = [f"{rel} {p}" for p in facts.problems]
             uses = [(u.ref, f"{rel} line {u.line}: {u.kind}") for u in facts.images]
         for ref, where in uses:

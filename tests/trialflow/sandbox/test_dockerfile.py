@@ -71,11 +71,14 @@ def test_what_the_classic_builder_accepts_is_not_a_problem():
 
 def test_an_arg_without_default_in_from_is_a_problem():
     facts = parse("ARG BASE\nFROM $BASE\nARG TAG=3\nFROM python:${TAG:-x}\n")
-    assert facts.problems == (
-        "line 2: FROM $BASE: ARG BASE has no default (trialflow passes no build arguments)",
-    )
+    assert facts.problems == ("line 2: FROM $BASE: ARG BASE has no value (no default, no build argument)",)
     # ARG after the first FROM belongs to a stage: not seen by FROM lines; the default word is
     assert facts.refs == ["python:x"]
+    # a compose service's build arguments give the ARGs declared before the first FROM
+    given = parse("ARG BASE=python:3.12\nFROM $BASE\n", {"BASE": "ubuntu:24.04", "OTHER": "x"})
+    assert given.problems == () and given.refs == ["ubuntu:24.04"]
+    renamed = rewrite("ARG BASE\nFROM $BASE\n", {"ubuntu:24.04": "s/u:1"}, {"BASE": "ubuntu:24.04"})
+    assert renamed == "ARG BASE\nFROM s/u:1\n"
 
 
 def test_rewrite_renames_only_the_image_tokens():
