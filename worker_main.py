@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import typing
 from collections.abc import Sequence
 
 from proxy import eventloop
 from trialflow.cli._worker import serve
+from trialflow.cluster import ClusterConfigError, check_fleet_store, temporal_tls
 from trialflow.settings import TrialflowSettings, load_settings
 
 
@@ -37,7 +39,13 @@ def parse_args(argv: Sequence[str] | None = None) -> TrialflowSettings:
 
 def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    eventloop.run(serve(parse_args(argv)))
+    settings = parse_args(argv)
+    try:  # one line, not a traceback: a cluster setting the worker cannot start with
+        check_fleet_store(settings)
+        temporal_tls(settings)
+    except ClusterConfigError as err:
+        sys.exit(f"error: {err}")
+    eventloop.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -3,12 +3,19 @@
 `setup` runs on the shared queue (any worker); it builds/creates and starts the sandbox
 on THIS worker's Docker engine and answers with this worker's host queue, where every
 later activity of the attempt is scheduled. `teardown` runs on that host queue, or on the
-shared queue as a fallback when the owning worker is gone (a worker on the same engine
-removes the container; elsewhere it is a no-op and the periodic reaper catches it).
+shared queue as a fallback when the owning worker is gone: a worker on the same engine
+(`SetupOutput.engine_id`) removes the container; elsewhere it removes nothing and says so
+(`TeardownOutput.removed` False), and the sandbox is left to its host's lease.
+
+With a `HostLease` (trialflow.fencing), `setup` first runs a lease round: a host that was
+declared lost removes its fenced sandboxes and re-registers before it takes a new one, and
+refuses (`HostFenced`, retried elsewhere) while it cannot reach the store to do so.
+`lease_round` is the same round, run periodically by the worker.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -16,7 +23,8 @@ from temporalio import activity
 
 from activities._support import heartbeat_interval, heartbeating, phase_network, typed_errors
 from trialflow.admission import Admission
-from trialflow.errors import SandboxLost, TaskInvalid
+from trialflow.errors import HostFenced, SandboxLost, TaskInvalid
+from trialflow.fencing import HeldSandbox, HostLease, LeaseRound
 from trialflow.healthcheck import run_healthcheck
 from trialflow.metrics import TrialMetrics
 from trialflow.sandbox.base import ExecResult, Sandbox, SandboxBackend
@@ -33,6 +41,8 @@ from workflows.shared import (
     TeardownInput,
     TeardownOutput,
 )
+
+log = logging.getLogger(__name__)
 
 # Harbor lets an agent without [agent].timeout_sec run unbounded; an RL rollout needs a bound.
 DEFAULT_AGENT_TIMEOUT_S = 3600.0
@@ -88,6 +98,7 @@ class SandboxActivities:
         metrics: TrialMetrics,
         egresses: Egresses | None = None,
         admission: Admission | None = None,
+        lease: HostLease | None = None,
     ) -> None:
         self._admission = admission
         self._egresses = egresses if egresses is not None else Egresses()
@@ -95,8 +106,11 @@ class SandboxActivities:
         self._store_uri = store_uri
         self._host_queue = host_queue
         self._metrics = metrics
-        # Sandboxes created here and not yet torn down -> their trial's workflow id.
+        self._lease = lease
+        # Sandboxes created here and not yet torn down -> their trial's workflow id, and the
+        # attempt they belong to (the lease's fence checks).
         self._live: dict[str, str] = {}
+        self._held: dict[str, HeldSandbox] = {}
 
     @property
     def live(self) -> int:
@@ -107,10 +121,45 @@ class SandboxActivities:
         """Workflow ids of the trials whose sandboxes live here."""
         return set(self._live.values())
 
+    def held(self) -> list[HeldSandbox]:
+        """The sandboxes this worker holds, with their attempts."""
+        return list(self._held.values())
+
+    async def forfeit(self, sandbox_id: str) -> None:
+        """Remove a sandbox whose attempt was fenced or whose lease lapsed. Never raises:
+        one that cannot be removed now is left to the reaper (logged)."""
+        try:
+            sandbox = await self._backend.attach(sandbox_id)
+            await self._egresses.close(sandbox.id)
+            await sandbox.stop()
+        except SandboxLost:
+            pass
+        except Exception as err:  # a failing engine: the periodic reaper tries again
+            log.warning("could not remove forfeited sandbox %s: %s", sandbox_id, err)
+        self._forget(sandbox_id)
+
+    def _forget(self, sandbox_id: str) -> None:
+        """`sandbox_id` is gone: no longer live or held here, its admission lease ended."""
+        self._live.pop(sandbox_id, None)
+        self._held.pop(sandbox_id, None)
+        if self._admission is not None:
+            self._admission.end_lease(sandbox_id)
+        self._metrics.trials_running.set(len(self._live))
+
+    async def lease_round(self) -> LeaseRound | None:
+        """One round of this host's lease (None without one)."""
+        if self._lease is None:
+            return None
+        return await self._lease.check(self.held, self.forfeit)
+
     @activity.defn(name="trial.setup")
     async def setup(self, inp: SetupInput) -> SetupOutput:
         started = time.monotonic()
         with typed_errors():
+            if self._lease is not None:
+                await self.lease_round()
+                if not self._lease.accepting:
+                    raise HostFenced(f"{self._host_queue} has not re-registered since it was lost")
             task = load_task(inp.task_path)
             modes, origins = network_modes(task, inp.network)
             plans = step_plans(task, inp.network)
@@ -146,6 +195,7 @@ class SandboxActivities:
         self._live[sandbox.id] = workflow_id
         if self._admission is not None:  # before the set-up's slot goes back (trialflow.admission)
             self._admission.lease(sandbox.id)
+        self._held[sandbox.id] = HeldSandbox(sandbox.id, inp.batch_id, inp.trial_id, inp.attempt)
         self._metrics.trials_running.set(len(self._live))
         seconds = time.monotonic() - started
         self._metrics.phase_seconds.labels("setup").observe(seconds)
@@ -165,6 +215,7 @@ class SandboxActivities:
             network_origins=origins,
             steps=plans,
             multi_step_reward_strategy=strategy.value if strategy is not None else None,
+            engine_id=await self._backend.engine_id(),
         )
 
     async def _start(self, sandbox: Sandbox) -> None:
@@ -181,24 +232,23 @@ class SandboxActivities:
 
     @activity.defn(name="trial.teardown")
     async def teardown(self, inp: TeardownInput) -> TeardownOutput:
-        """Idempotent: an absent sandbox is already torn down."""
+        """Idempotent: an absent sandbox is already torn down. A sandbox on another engine
+        (the fallback teardown of a lost host's sandbox) is not touched: removed False."""
         started = time.monotonic()
         with typed_errors():
+            mine = await self._backend.engine_id()
+            if inp.engine_id is not None and inp.engine_id != mine:
+                note = f"on engine {inp.engine_id}, not this worker's ({mine}): left to its host's lease"
+                return TeardownOutput(seconds=time.monotonic() - started, removed=False, note=note)
             try:
                 sandbox = await self._backend.attach(inp.sandbox_id)
             except SandboxLost:
                 self._forget(inp.sandbox_id)
-                return TeardownOutput(seconds=time.monotonic() - started)
+                note = "absent from this engine (removed before)"
+                return TeardownOutput(seconds=time.monotonic() - started, removed=False, note=note)
             await self._egresses.close(sandbox.id)
             await sandbox.stop()
         self._forget(sandbox.id)
         seconds = time.monotonic() - started
         self._metrics.phase_seconds.labels("teardown").observe(seconds)
-        return TeardownOutput(seconds=seconds)
-
-    def _forget(self, sandbox_id: str) -> None:
-        """`sandbox_id` is gone: no longer live here, its admission lease ended."""
-        self._live.pop(sandbox_id, None)
-        if self._admission is not None:
-            self._admission.end_lease(sandbox_id)
-        self._metrics.trials_running.set(len(self._live))
+        return TeardownOutput(seconds=seconds, removed=True)

@@ -1,8 +1,12 @@
-"""Result storage activity: the trial's final `TrialResult` as JSON next to its attempts.
+"""Store activities on the shared queue (any worker).
 
-Runs on the shared queue at the very end of every trial (also failed and cancelled ones),
-so `trialflow inspect TRIAL` finds the result in the store without Temporal. It also
-counts the result in this worker's metrics.
+`store_result`: the trial's final `TrialResult` as JSON next to its attempts, at the very end
+of every trial (also failed and cancelled ones), so `trialflow inspect TRIAL` finds the result
+in the store without Temporal. It also counts the result in this worker's metrics.
+
+`fence_attempt`: the workflow declares an attempt lost with its host; the trial's fence record
+refuses that attempt's later writes (trialflow.fencing). On the shared queue so that it never
+waits for the lost host.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ import asyncio
 from temporalio import activity
 
 from activities._support import typed_errors
+from trialflow.fencing import fence_attempt
 from trialflow.metrics import TrialMetrics
-from trialflow.storage import ResultStore, trial_result_key
-from workflows.shared import StoreResultInput, StoreResultOutput
+from trialflow.storage import ResultStore, trial_fence_key, trial_result_key
+from workflows.shared import FenceInput, FenceOutput, StoreResultInput, StoreResultOutput
 
 
 class StoreActivities:
@@ -38,3 +43,22 @@ class StoreActivities:
         if result.error is not None:
             self._metrics.trials_failed.labels(result.error.type).inc()
         return StoreResultOutput(result_uri=uri)
+
+    @activity.defn(name="trial.fence_attempt")
+    async def fence_attempt(self, inp: FenceInput) -> FenceOutput:
+        with typed_errors():
+            record = await asyncio.to_thread(
+                fence_attempt,
+                self._store,
+                inp.batch_id,
+                inp.trial_id,
+                inp.attempt,
+                inp.host_queue,
+                inp.reason,
+            )
+        activity.logger.warning(
+            "%s attempt %d fenced (lost on %s)", inp.trial_id, inp.attempt, inp.host_queue
+        )
+        return FenceOutput(
+            epoch=record.epoch, fence_uri=self._store.uri(trial_fence_key(inp.batch_id, inp.trial_id))
+        )

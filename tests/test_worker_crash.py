@@ -93,13 +93,15 @@ class SlowChatScaffold(Scaffold):
 
 
 class SlowSolveScaffold(Scaffold):
-    """Test scaffold: solves create-file after `SLOW_SOLVE_S` seconds in the sandbox."""
+    """Test scaffold: solves create-file after `SLOW_SOLVE_S` seconds in the sandbox (the
+    workers' ``TRIALFLOW_TEST_SOLVE_S`` when set: tests/test_fleet.py, bench/failover.py)."""
 
     name = "test-slow-solve"
     needs_model = False
 
     async def run(self, ctx: ScaffoldContext) -> ScaffoldResult:
-        cmd = f"sleep {SLOW_SOLVE_S}; printf 'Hello, trialflow!\\n' > /app/hello.txt"
+        seconds = float(os.environ.get("TRIALFLOW_TEST_SOLVE_S", SLOW_SOLVE_S))
+        cmd = f"sleep {seconds}; printf 'Hello, trialflow!\\n' > /app/hello.txt"
         res = await ctx.sandbox.exec(cmd, timeout_s=60)
         return ScaffoldResult(res.exit_code, res.timed_out, res.stdout, res.stderr, res.duration_s)
 

@@ -39,7 +39,7 @@ from temporalio.common import (
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, TLSConfig
 
 from trialflow import trial_details
 from trialflow.scaffolds import check_scaffold
@@ -60,12 +60,23 @@ from workflows.shared import (
     safe_id_part,
 )
 
+# A workflow task handed to a host that stopped answering (its long poll was already at the
+# server) is retried elsewhere after this; Temporal's default is 10 s. A trial's workflow tasks
+# take milliseconds (docs/deploy.md, "Failover").
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=5)
+
 ResultCallback = Callable[[TrialResult], Awaitable[None] | None]
 
 
-async def connect(address: str, namespace: str = "default") -> Client:
-    """A client with the pydantic data converter (TrialSpec/TrialResult are pydantic)."""
-    return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+async def connect(
+    address: str, namespace: str = "default", *, tls: TLSConfig | bool = False, api_key: str | None = None
+) -> Client:
+    """A client with the pydantic data converter (TrialSpec/TrialResult are pydantic). `tls`
+    and `api_key` are temporalio's own (`trialflow.cluster.connect_temporal` makes them from
+    the settings)."""
+    return await Client.connect(
+        address, namespace=namespace, data_converter=pydantic_data_converter, tls=tls, api_key=api_key
+    )
 
 
 async def ensure_search_attributes(client: Client, namespace: str = "default") -> None:
@@ -210,6 +221,7 @@ async def submit_one(client: Client, spec: TrialSpec, task_queue: str = SHARED_Q
             },
             static_summary=trial_details.summary(spec),
             static_details=trial_details.start_details(spec),
+            task_timeout=WORKFLOW_TASK_TIMEOUT,
         )
     except WorkflowAlreadyStartedError:
         # A closed run with this id exists: its result is the trial's result.

@@ -32,6 +32,8 @@
     │   ├── StepSetupFailed             a step's workdir/setup.sh or [steps.healthcheck] failed: an outcome
     │   │                               of that step (returned as data; the sequence stops there)
     │   ├── SandboxLost                 container or engine vanished mid-trial         (retried)
+    │   ├── HostFenced                  this host was declared lost and has not re-registered yet:
+    │                                   it takes no new sandbox until it has (retried: elsewhere)
     │   ├── SandboxRestartFailed        the verification restart failed on files the agent left: the
     │                                   agent's outcome (reward 0), never retried
     │   ├── ToolchainUnavailable        the host lacks the harness's static busybox   (never retried)
@@ -52,7 +54,9 @@
     │                                   a new attempt); not the proxy's per-call ReplicaUnreachable
     └── StorageError                    the result store failed (network, 5xx)          (retried)
         ├── ObjectNotFound              key/URI does not exist                          (never retried)
-        └── ObjectExists                a write-once key already holds other bytes      (never retried)
+        ├── ObjectExists                a write-once key already holds other bytes      (never retried)
+        └── AttemptFenced               a write of an attempt the workflow declared lost (its trial's
+                                        fence record, trialflow.fencing)                (never retried)
 
 Exit codes of commands, agents and test scripts are data (`ExecResult`, `ScaffoldResult`,
 `VerifierResult`), never exceptions. Verifier outcomes are data too:
@@ -243,6 +247,13 @@ class SandboxLost(SandboxError):
     retryable = True
 
 
+class HostFenced(SandboxError):
+    """This worker host was declared lost by a trial (or its lease lapsed) and has not yet
+    removed its fenced sandboxes and re-registered (trialflow.fencing.HostLease)."""
+
+    retryable = True
+
+
 class SandboxRestartFailed(SandboxError):
     """The engine answered but could not start the sandbox again for verification (e.g. the
     agent replaced a mount point's parent, or the passwd entry of the image's USER): what the
@@ -349,5 +360,12 @@ class ObjectNotFound(_PlainMessage, StorageError, KeyError):
 
 class ObjectExists(StorageError):
     """A write-once key (`ResultStore.put_once`) already holds different bytes."""
+
+    retryable = False
+
+
+class AttemptFenced(StorageError):
+    """A write under an attempt the workflow has declared lost: the trial's fence record
+    (trialflow.fencing) names an epoch above the attempt's number. Nothing was kept."""
 
     retryable = False

@@ -92,12 +92,26 @@ def published_policy_version(store: ResultStore) -> int | None:
         return None
 
 
-async def join_weight_syncs(store: ResultStore, proxy: ProxyServer, worker_id: str) -> None:
-    """A starting worker: register its proxy (TCP management only), THEN adopt the published
-    version unless a POST already set one (the order closes the race: module docstring)."""
+def advertised_management_url(proxy: ProxyServer, advertise_host: str | None) -> str:
+    """The management URL other hosts use: the listener's port at `advertise_host` (the
+    setting of that name), else the URL it is bound at."""
+    if advertise_host is None:
+        return proxy.management_url
+    host = f"[{advertise_host}]" if ":" in advertise_host else advertise_host
+    return f"http://{host}:{proxy.management_port}"
+
+
+async def join_weight_syncs(
+    store: ResultStore, proxy: ProxyServer, worker_id: str, advertise_host: str | None = None
+) -> None:
+    """A starting worker: register its proxy (TCP management only) at the address other hosts
+    reach it at, THEN adopt the published version unless a POST already set one (the order
+    closes the race: module docstring)."""
     if proxy.management_socket is None:  # trainers reach it over TCP for weight syncs
         endpoint = ProxyEndpoint(
-            worker_id=worker_id, management_url=proxy.management_url, token=proxy.management_token
+            worker_id=worker_id,
+            management_url=advertised_management_url(proxy, advertise_host),
+            token=proxy.management_token,
         )
         await asyncio.to_thread(register_proxy, store, endpoint)
     version = await asyncio.to_thread(published_policy_version, store)

@@ -6,7 +6,9 @@ environment variables with prefix ``TRIALFLOW_`` (lists as JSON, e.g.
 
 Edge cases: `s3_endpoint` None selects the local directory store at `store_dir`;
 `replica_urls` empty means "no model": scaffolds that need the proxy fail their trial with
-an infra error, the oracle/nop scaffolds still run. `worker_id` None becomes the process id.
+an infra error, the oracle/nop scaffolds still run. `worker_id` None: the host name for a
+standalone worker (stable across restarts: its host queue and registration stay the same; two
+workers on one host need ids of their own), the process id for `run`'s in-process worker.
 `metrics_port` 0 disables the metrics endpoint. `harmony_vocab_dir` (gpt-oss's harmony
 parser vocabulary, `o200k_base.tiktoken`): ``TRIALFLOW_HARMONY_VOCAB_DIR``, else harmony's own
 ``TIKTOKEN_ENCODINGS_BASE``, else `DEFAULT_HARMONY_VOCAB_DIR` (where infra/setup.sh writes it);
@@ -175,6 +177,29 @@ class TrialflowSettings(BaseSettings):
     # a task's services may take, all together, to start and pass their healthchecks before
     # set-up fails with ServiceStartTimeout (retried). Harbor's `up --wait` has no bound.
     compose_start_timeout_s: float = Field(default=600.0, gt=0)
+
+    # ---- a fleet of worker hosts (docs/deploy.md) ----------------------------------------
+    # The lease a worker host renews in the store (hosts/{worker_id}.json) to keep its
+    # sandboxes (trialflow.fencing): one that could not renew for this long removes them all
+    # and re-registers before it takes another. Keep it above the trials' heartbeat timeout.
+    host_lease_s: float = Field(default=60.0, gt=0)
+    # The address other hosts (a trainer announcing weight syncs) use to reach this worker's
+    # management listener; None: `proxy_host`. The listener itself binds `proxy_host`.
+    advertise_host: str | None = None
+    # The local directory store works on one machine only: `trialflow worker` and worker_main
+    # refuse to start on it unless this is set (the in-process worker of `run`/`demo` needs not).
+    allow_local_store: bool = False
+    # Temporal over TLS (temporalio's TLSConfig): `temporal_tls` on with the system roots, or
+    # a CA file; a client certificate and key for mTLS; `temporal_api_key` (Temporal Cloud API
+    # keys; implies TLS unless `temporal_tls` is explicitly false).
+    temporal_tls: bool | None = None
+    temporal_tls_ca: Path | None = None
+    temporal_tls_cert: Path | None = None
+    temporal_tls_key: Path | None = None
+    temporal_tls_server_name: str | None = None
+    temporal_api_key: str | None = None
+    # S3 over HTTPS: a CA bundle to verify the endpoint with (None: the system's / boto3's).
+    s3_ca_bundle: Path | None = None
 
     def admission_policy(self) -> AdmissionPolicy | None:
         """The controller's policy; None in the fixed mode."""

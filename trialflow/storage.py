@@ -4,6 +4,8 @@ Key layout (keys are relative to the store's own prefix; build them with `TrialK
 `trial_result_key`, nowhere else)::
 
     batches/{batch_id}/trials/{trial_id}/result.json                          the trial's TrialResult
+    batches/{batch_id}/trials/{trial_id}/fence.json                           the attempts declared lost
+                                                                              (trialflow.fencing)
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/trajectory.npz           final trajectory
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/checkpoints/{seq:06d}.npz per-turn deltas
     batches/{batch_id}/trials/{trial_id}/attempt-{n}/logs/{name}              scaffold/verifier logs
@@ -15,6 +17,8 @@ Key layout (keys are relative to the store's own prefix; build them with `TrialK
                                                                               (trialflow.policy_sync)
     policy_version.json                                                       the weights version the
                                                                               trainer last announced
+    hosts/{worker_id}.json                                                    a worker host's registration
+                                                                              and lease (trialflow.fencing)
 
 There is one result per trial (written by the last activity of the workflow), none per attempt.
 
@@ -47,6 +51,7 @@ import abc
 import asyncio
 import functools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -85,6 +90,26 @@ def record_replay_key(batch_id: str, trial_id: str, name: str) -> str:
 def batch_skipped_key(batch_id: str) -> str:
     """The tasks `trialflow run --skip-invalid` left out of the batch, with their problems."""
     return f"batches/{batch_id}/skipped.json"
+
+
+def trial_fence_key(batch_id: str, trial_id: str) -> str:
+    """The trial's fence record (trialflow.fencing): beside its attempts, not inside one."""
+    return f"batches/{batch_id}/trials/{trial_id}/fence.json"
+
+
+_ATTEMPT_KEY = re.compile(r"^batches/([^/]+)/trials/([^/]+)/attempt-([0-9]+)/")
+
+
+def attempt_of_key(key: str) -> tuple[str, str, int] | None:
+    """(batch id, trial id, attempt) of a key inside an attempt's folder (`TrialKeys.root`,
+    steps included); None for any other key."""
+    match = _ATTEMPT_KEY.match(key)
+    return (match[1], match[2], int(match[3])) if match else None
+
+
+def host_registry_key(worker_id: str) -> str:
+    """Where a worker host keeps its registration and lease (`trialflow.fencing.HostLease`)."""
+    return validate_key(f"hosts/{worker_id}.json")
 
 
 PROXY_REGISTRY_PREFIX = "proxies/"
@@ -300,6 +325,7 @@ class S3Store(ResultStore):
     """Objects in an S3 bucket under `prefix` (SeaweedFS in development, any S3 in production).
 
     `create_bucket=True` creates the bucket when missing (development convenience).
+    `ca_bundle`: the CA file to verify an HTTPS endpoint with (None: the system's roots).
     Credentials default to boto3's chain; SeaweedFS without auth accepts any key, so
     `access_key`/`secret_key` can be given explicitly for it.
     """
@@ -316,6 +342,7 @@ class S3Store(ResultStore):
         create_bucket: bool = False,
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 60.0,
+        ca_bundle: str | os.PathLike[str] | None = None,
     ) -> None:
         import boto3
         from botocore.config import Config
@@ -328,6 +355,7 @@ class S3Store(ResultStore):
             region_name=region,
             aws_access_key_id=access_key,
             aws_secret_access_key=secret_key,
+            verify=str(ca_bundle) if ca_bundle is not None else None,  # None: boto3's default roots
             config=Config(
                 retries={"max_attempts": 1, "mode": "standard"},
                 connect_timeout=connect_timeout_s,
@@ -500,6 +528,7 @@ def open_store(settings: TrialflowSettings, *, create: bool = True) -> ResultSto
             access_key=settings.s3_access_key,
             secret_key=settings.s3_secret_key,
             create_bucket=create,
+            ca_bundle=settings.s3_ca_bundle,
         )
     if not create and not Path(settings.store_dir).is_dir():
         raise ObjectNotFound(f"no store directory {settings.store_dir}")

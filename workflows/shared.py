@@ -231,6 +231,10 @@ class AttemptRecord(BaseModel):
     checkpoints_uri: str
     trajectory_uri: str | None = None
     complete: bool = False
+    # The attempt was declared lost with its host and fenced (trialflow.fencing): nothing it
+    # wrote after that was kept; `host_queue` is the host it was lost on.
+    fenced: bool = False
+    host_queue: str | None = None
 
     @classmethod
     def begun(cls, attempt: int, attempt_uri: str) -> AttemptRecord:
@@ -439,6 +443,9 @@ class SetupOutput(BaseModel):
     network_origins: dict[str, str] = Field(default_factory=dict)
     steps: list[StepPlan] = Field(default_factory=list)
     multi_step_reward_strategy: str | None = None
+    # The Docker engine that holds the sandbox (its `docker info` ID): a fallback teardown on
+    # another worker removes it only on the same engine (None: an output from before).
+    engine_id: str | None = None
 
 
 class PrepareStepInput(BaseModel):
@@ -530,10 +537,31 @@ class TeardownInput(BaseModel):
     trial_id: str
     attempt: int
     sandbox_id: str
+    engine_id: str | None = None  # `SetupOutput.engine_id`: elsewhere nothing is removed
 
 
 class TeardownOutput(BaseModel):
+    """`removed`: the sandbox was removed by this call; False: it was absent here, or on
+    another engine (`note` says which; left to its host's lease); None: an output from before."""
+
     seconds: float = 0.0
+    removed: bool | None = None
+    note: str = ""
+
+
+class FenceInput(BaseModel):
+    """`trial.fence_attempt`: the workflow declares `attempt` lost on `host_queue`."""
+
+    batch_id: str
+    trial_id: str
+    attempt: int
+    host_queue: str
+    reason: str = ""
+
+
+class FenceOutput(BaseModel):
+    epoch: int  # the lowest attempt still allowed to write
+    fence_uri: str
 
 
 class StoreResultInput(BaseModel):

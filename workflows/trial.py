@@ -42,6 +42,16 @@ Failure rules:
   non-retryable `ApplicationError` (broken task, image that fails to build) ends the trial
   at once. Either way the error is returned as data (`TrialResult.error`), the workflow
   itself completes.
+- Fenced failover (patch `FENCED_FAILOVER`): an attempt lost with its HOST (a timeout on the
+  host queue) is fenced first: `trial.fence_attempt` on the shared queue raises the trial's
+  epoch above it in the store, so nothing it writes later is kept (trialflow.fencing). Then the
+  next attempt starts at once; nothing waits on the lost host's queue. Its sandbox is left to
+  the host (which removes fenced sandboxes itself when it returns, under its lease), and a
+  fallback teardown on the shared queue runs meanwhile, in the background (and no attempt
+  backoff: the next attempt's set-up goes to whichever host polls): a worker on the
+  same engine removes it, one elsewhere says it removed nothing. The workflow awaits those
+  teardowns before it stores the result. A retryable scaffold failure (the host alive) is
+  torn down on its host as before.
 - Cancellation tears the sandbox down and completes with termination "cancelled".
 
 Determinism: change the command sequence only behind ``workflow.patched("<id>")`` (keep the
@@ -87,6 +97,7 @@ with workflow.unsafe.imports_passed_through():
         SA_TASK,
         SA_TERMINATION,
         WORKFLOW_NAME,
+        FenceInput,
         Phase,
         PrepareStepInput,
         ScaffoldHeartbeat,
@@ -98,6 +109,7 @@ with workflow.unsafe.imports_passed_through():
         StepResult,
         StoreResultInput,
         TeardownInput,
+        TeardownOutput,
         Termination,
         TrialCounters,
         TrialError,
@@ -133,6 +145,13 @@ REPLAY_LOST_ATTEMPT = "replay-lost-attempt"
 STEP_REWARDS_MEMO = "step-rewards-memo"
 # Patch id: the TrialOutcome search attribute at the end (ok / invalid / error).
 OUTCOME_SEARCH_ATTRIBUTE = "outcome-search-attribute"
+# Patch id: a host-lost attempt is fenced and the next starts at once (module docstring).
+FENCED_FAILOVER = "fenced-failover"
+# One small read and write; short, so a fence handed to a host that stopped answering is soon
+# retried elsewhere.
+FENCE_TIMEOUT = timedelta(seconds=5)
+# Set-up heartbeats from its start; a set-up handed to a lost host is retried after this.
+SETUP_HEARTBEAT_CAP = timedelta(seconds=10)
 
 InT = TypeVar("InT")
 OutT = TypeVar("OutT")
@@ -145,11 +164,14 @@ _HOST_LOST = {
 
 
 class _AttemptLost(Exception):
-    """This attempt's sandbox or worker is gone; a new attempt may succeed."""
+    """This attempt's sandbox or worker is gone; a new attempt may succeed. `host_lost`: by a
+    timeout on the host queue (its host is presumed gone), not a failure its host reported."""
 
-    def __init__(self, error: TrialError) -> None:
+    def __init__(self, error: TrialError, host_lost: bool = False) -> None:
         super().__init__(error.message)
         self.error = error
+        self.host_lost = host_lost
+        self.fenced = False  # set once the workflow fenced it (FENCED_FAILOVER)
 
 
 class _TrialFailed(Exception):
@@ -216,6 +238,8 @@ class TrialWorkflow:
     def __init__(self) -> None:
         self._progress = TrialProgress()
         self._spec: TrialSpec | None = None
+        # Fallback teardowns of fenced attempts, running while later attempts do.
+        self._teardowns: list[workflow.ActivityHandle[TeardownOutput]] = []
 
     @workflow.query
     def progress(self) -> TrialProgress:
@@ -265,7 +289,8 @@ class TrialWorkflow:
                             and workflow.patched(REPLAY_LOST_ATTEMPT)
                         ):
                             replay_from = lost_record
-                        await workflow.sleep(ATTEMPT_BACKOFF)
+                        if not lost.fenced:  # a fenced host's next attempt goes elsewhere: no wait
+                            await workflow.sleep(ATTEMPT_BACKOFF)
                 except _TrialFailed as failed:
                     error, termination = failed.error, failed.termination
                     break
@@ -277,6 +302,7 @@ class TrialWorkflow:
                 phase=self._progress.phase,
                 attempt=self._progress.attempt,
             )
+        await self._await_teardowns(tally)
         result = self._result(spec, tally, termination, error)
         self._progress.phase = "done"
         stored = await workflow.execute_activity_method(
@@ -332,7 +358,7 @@ class TrialWorkflow:
             summary=activity_summary("setup", attempt, spec),
             task_queue=setup_queue(workflow.info().task_queue),
             start_to_close_timeout=SETUP_TIMEOUT,
-            heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_s),
+            heartbeat_timeout=min(timedelta(seconds=spec.heartbeat_timeout_s), SETUP_HEARTBEAT_CAP),
             retry_policy=SETUP_RETRY,
         )
         self._progress.host_queue = setup.host_queue
@@ -340,12 +366,19 @@ class TrialWorkflow:
         tally.network_modes, tally.network_origins = setup.network_modes, setup.network_origins
         # Until the scaffold reports, the attempt's checkpoints are all there is.
         tally.attempt_records.append(AttemptRecord.begun(attempt, setup.attempt_uri))
+        fenced = False
         try:
             await self._scaffold_and_verify(spec, attempt, tally, setup, replay_from)
+        except _AttemptLost as lost:
+            if lost.host_lost and workflow.patched(FENCED_FAILOVER):
+                fenced = lost.fenced = True
+                self._progress.phase = "teardown"
+                await asyncio.shield(self._fence(spec, attempt, tally, setup, lost.error))
+            raise
         finally:
             # Not in the workflow's loop: the coroutine is being closed by garbage collection
             # (a worker process exiting with the workflow cached), nothing to tear down from here.
-            if workflow.in_workflow():
+            if workflow.in_workflow() and not fenced:
                 self._progress.phase = "teardown"
                 self._show_progress()
                 await asyncio.shield(self._teardown(spec, attempt, tally, setup))
@@ -551,7 +584,7 @@ class TrialWorkflow:
             if _host_lost(err) and phase != "setup":
                 # the message in words: which host, what timed out (the UI and the result show it)
                 error.message = lost_message(err, phase, attempt, options)
-                raise _AttemptLost(error) from err
+                raise _AttemptLost(error, host_lost=True) from err
             if error.non_retryable:
                 raise _TrialFailed(error, _termination_for(phase, error)) from err
             if lose_attempt_on_retryable:
@@ -563,14 +596,15 @@ class TrialWorkflow:
 
     async def _teardown(self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput) -> None:
         """Best effort, never raises. If the owning worker is gone, any worker on the same
-        engine can still remove the container (shared-queue fallback); elsewhere the
-        periodic reaper does."""
+        engine can still remove the container (shared-queue fallback); one on another engine
+        removes nothing and says so, and the sandbox is left to its host's lease."""
         started = workflow.now()
         arg = TeardownInput(
             batch_id=spec.batch_id,
             trial_id=spec.trial_id,
             attempt=attempt,
             sandbox_id=setup.sandbox_id,
+            engine_id=setup.engine_id,
         )
         try:
             await workflow.execute_activity_method(
@@ -585,7 +619,7 @@ class TrialWorkflow:
         except ActivityError as err:
             workflow.logger.warning("teardown of %s on its host failed: %s", setup.sandbox_id, err.cause)
             try:
-                await workflow.execute_activity_method(
+                out = await workflow.execute_activity_method(
                     SandboxActivities.teardown,
                     arg,
                     summary=activity_summary("teardown", attempt, spec, note="fallback"),
@@ -593,11 +627,71 @@ class TrialWorkflow:
                     start_to_close_timeout=TEARDOWN_TIMEOUT,
                     retry_policy=TEARDOWN_RETRY,
                 )
+                if not out.removed:
+                    workflow.logger.info("fallback teardown removed nothing: %s", out.note)
             except ActivityError as err2:
                 workflow.logger.warning("fallback teardown of %s failed: %s", setup.sandbox_id, err2.cause)
         finally:
             if workflow.in_workflow():  # (else closed by garbage collection: see _attempt)
                 tally.add_time("teardown", (workflow.now() - started).total_seconds())
+
+    async def _fence(
+        self, spec: TrialSpec, attempt: int, tally: _Tally, setup: SetupOutput, error: TrialError
+    ) -> None:
+        """Declare the attempt lost with its host (module docstring, fenced failover): the
+        fence on the shared queue, then its fallback teardown started, not awaited."""
+        started = workflow.now()
+        shared = workflow.info().task_queue
+        try:
+            await workflow.execute_activity_method(
+                StoreActivities.fence_attempt,
+                FenceInput(
+                    batch_id=spec.batch_id,
+                    trial_id=spec.trial_id,
+                    attempt=attempt,
+                    host_queue=setup.host_queue,
+                    reason=f"{error.type}: {error.message}"[:500],
+                ),
+                summary=activity_summary("fence", attempt, spec, note=setup.host_queue),
+                task_queue=shared,
+                start_to_close_timeout=FENCE_TIMEOUT,
+                retry_policy=STORE_RETRY,
+            )
+        except ActivityError as err:  # the store is down: the next attempt cannot write either
+            workflow.logger.warning("fence of attempt %d failed: %s", attempt, err.cause)
+        tally.attempt_records[-1] = tally.attempt_records[-1].model_copy(
+            update={"fenced": True, "host_queue": setup.host_queue}
+        )
+        self._teardowns.append(
+            workflow.start_activity_method(
+                SandboxActivities.teardown,
+                TeardownInput(
+                    batch_id=spec.batch_id,
+                    trial_id=spec.trial_id,
+                    attempt=attempt,
+                    sandbox_id=setup.sandbox_id,
+                    engine_id=setup.engine_id,
+                ),
+                summary=activity_summary("teardown", attempt, spec, note="fallback, host lost"),
+                task_queue=shared,
+                start_to_close_timeout=TEARDOWN_TIMEOUT,
+                retry_policy=TEARDOWN_RETRY,
+            )
+        )
+        tally.add_time("fence", (workflow.now() - started).total_seconds())
+
+    async def _await_teardowns(self, tally: _Tally) -> None:
+        """The fenced attempts' fallback teardowns, each as it ended (never raises)."""
+        for handle in self._teardowns:
+            started = workflow.now()
+            try:
+                out = await handle
+                if not out.removed:
+                    workflow.logger.info("fallback teardown removed nothing: %s", out.note)
+            except (ActivityError, asyncio.CancelledError) as err:
+                workflow.logger.warning("fallback teardown failed: %s", err)
+            tally.add_time("teardown", (workflow.now() - started).total_seconds())
+        self._teardowns.clear()
 
     def _ensure_start_attributes(self, spec: TrialSpec) -> None:
         """Clients set these at start; a workflow started elsewhere gets them here."""

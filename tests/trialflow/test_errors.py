@@ -34,6 +34,8 @@ from trialflow import errors as E
         (E.StorageError, True),
         (E.ObjectNotFound, False),
         (E.ObjectExists, False),
+        (E.AttemptFenced, False),
+        (E.HostFenced, True),
     ],
 )
 def test_retry_rule_per_type(cls, retryable):

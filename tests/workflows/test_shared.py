@@ -12,7 +12,15 @@ from pydantic import BaseModel, ValidationError
 
 from proxy.chat import SamplingParams
 from trialflow import batch
-from workflows.shared import Sampling, ScaffoldOutput, StepResult, TrialCounters, TrialResult, TrialSpec
+from workflows.shared import (
+    AttemptRecord,
+    Sampling,
+    ScaffoldOutput,
+    StepResult,
+    TrialCounters,
+    TrialResult,
+    TrialSpec,
+)
 from workflows.trial import _steps_outcome
 
 TASK = "examples/tasks/create-file"
@@ -83,6 +91,10 @@ def _recorded_payloads(event_type: str) -> list[dict[str, Any]]:
     return found
 
 
+# Lists of models inside a result: compared key by key too (they may gain fields).
+_NESTED: dict[str, type[BaseModel]] = {"step_results": StepResult, "attempt_records": AttemptRecord}
+
+
 def _same_for_every_old_key(model: type[BaseModel], old: dict[str, Any], new: dict[str, Any]) -> None:
     """Every key of `old` that `model` still has is in `new` with the same value (keys that an
     earlier change dropped, such as `trajectory_uris`, are ignored when loading)."""
@@ -90,9 +102,9 @@ def _same_for_every_old_key(model: type[BaseModel], old: dict[str, Any], new: di
         if key not in model.model_fields:
             continue
         assert key in new, (key, old)
-        if key == "step_results":
+        if key in _NESTED:
             for a, b in zip(value, new[key], strict=True):
-                _same_for_every_old_key(StepResult, a, b)
+                _same_for_every_old_key(_NESTED[key], a, b)
         else:
             assert new[key] == value, (key, value, new[key])
 

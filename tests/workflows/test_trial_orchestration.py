@@ -27,6 +27,8 @@ from temporalio.worker import Replayer, Worker
 from tests._wait import wait_until
 from trialflow import batch
 from workflows.shared import (
+    FenceInput,
+    FenceOutput,
     PrepareStepInput,
     PrepareStepOutput,
     ScaffoldHeartbeat,
@@ -71,6 +73,10 @@ class FakeTrial:
     strategy: str | None = None
     step_rewards: dict[str, dict[str, float] | None] = field(default_factory=dict)
     failing_step_setups: set[str] = field(default_factory=set)
+    # Attempts whose scaffold stops heartbeating (a frozen host) for `hang_s`, then returns.
+    hang_attempts: set[int] = field(default_factory=set)
+    hang_s: float = 8.0
+    fenced: list[FenceInput] = field(default_factory=list)
 
     def _note(self, name: str, attempt: int) -> None:
         self.calls.append((name, activity.info().task_queue, attempt))
@@ -104,6 +110,9 @@ class FakeTrial:
     async def run_scaffold(self, inp: ScaffoldInput) -> ScaffoldOutput:
         self._note("scaffold" if inp.step is None else f"scaffold {inp.step}", inp.attempt)
         self.scaffold_inputs.append(inp)
+        if inp.attempt in self.hang_attempts:
+            activity.heartbeat(ScaffoldHeartbeat(attempt=inp.attempt))
+            await asyncio.sleep(self.hang_s)  # no heartbeat: the host looks lost
         deadline = asyncio.get_running_loop().time() + self.scaffold_delay_s
         while asyncio.get_running_loop().time() < deadline:
             activity.heartbeat(ScaffoldHeartbeat(attempt=inp.attempt, turns=1))
@@ -133,6 +142,12 @@ class FakeTrial:
         self._note("teardown", inp.attempt)
         return TeardownOutput()
 
+    @activity.defn(name="trial.fence_attempt")
+    async def fence_attempt(self, inp: FenceInput) -> FenceOutput:
+        self._note("fence", inp.attempt)
+        self.fenced.append(inp)
+        return FenceOutput(epoch=inp.attempt + 1, fence_uri=f"file:///store/{inp.trial_id}/fence.json")
+
     @activity.defn(name="trial.store_result")
     async def store_result(self, inp: StoreResultInput) -> StoreResultOutput:
         self.stored.append(inp)
@@ -156,6 +171,7 @@ async def harness(client: Client) -> AsyncIterator[tuple[FakeTrial, str]]:
         fake.run_scaffold,
         fake.verify,
         fake.teardown,
+        fake.fence_attempt,
         fake.store_result,
     ]
     async with (
@@ -254,12 +270,62 @@ async def test_lost_host_starts_a_new_attempt_and_lists_both(client, harness):
         f"file:///store/{result.trial_id}/attempt-1/checkpoints/",
         f"file:///store/{result.trial_id}/attempt-2/trajectory.npz",
     ]
-    # Attempt 1's teardown fell back to the shared queue.
-    assert ("teardown", shared, 1) in fake.calls
+    # Attempt 1 was fenced on the shared queue; its teardown went to the shared queue only
+    # (in the background), never to the lost host's queue.
+    assert ("fence", shared, 1) in fake.calls and ("teardown", shared, 1) in fake.calls
+    assert [f.host_queue for f in fake.fenced] == [DEAD_QUEUE]
+    assert result.attempt_records[0].fenced and result.attempt_records[0].host_queue == DEAD_QUEUE
+    assert not result.attempt_records[1].fenced
     # Attempt 2 replays what attempt 1 recorded; the result counts replayed and generated turns.
     assert [i.replay_from.attempt for i in fake.scaffold_inputs] == [1]
     assert fake.scaffold_inputs[0].replay_from == result.attempt_records[0]
     assert (result.turns, result.replayed_turns, result.generated_turns) == (3, 2, 1)
+
+
+def _scheduled(history, converter) -> list[tuple[str, str, float]]:
+    """(activity summary, task queue, seconds since the workflow started) of each activity
+    scheduled, in order."""
+    start = history.events[0].event_time.ToDatetime()
+    return [
+        (
+            converter.from_payload(e.user_metadata.summary, str),
+            e.activity_task_scheduled_event_attributes.task_queue.name,
+            (e.event_time.ToDatetime() - start).total_seconds(),
+        )
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+
+
+async def test_a_silent_host_is_fenced_and_the_next_attempt_never_waits_on_its_queue(client, harness):
+    """Attempt 1's scaffold stops heartbeating (its host frozen). The workflow fences the
+    attempt on the shared queue and schedules attempt 2's set-up right after, with nothing scheduled on attempt 1's host queue after the loss: before
+    fencing, its teardown waited there first (2 min start-to-close, 120 s schedule-to-start),
+    then the attempt backoff (2 s), which a fenced loss skips."""
+    fake, shared = harness
+    fake.hang_attempts = {1}
+    spec = _spec(heartbeat_timeout_s=3, host_schedule_timeout_s=60)
+    [handle] = await batch.submit(client, [spec], task_queue=shared)
+    result = await batch.wait_one(handle, spec)
+    assert (result.attempts, result.error, result.reward) == (2, None, 1.0)
+    assert result.attempt_records[0].fenced and not result.attempt_records[0].complete
+    history = await handle.fetch_history()
+    timed_out = [e for e in history.events if e.HasField("activity_task_timed_out_event_attributes")]
+    assert len(timed_out) == 1  # the silent scaffold, by its heartbeat
+    lost_at = (
+        timed_out[0].event_time.ToDatetime() - history.events[0].event_time.ToDatetime()
+    ).total_seconds()
+    scheduled = _scheduled(history, client.data_converter.payload_converter)
+    after = [(summary.split(" · ")[0], queue, t) for summary, queue, t in scheduled if t >= lost_at]
+    assert [(name, queue) for name, queue, _ in after[:3]] == [
+        ("fence (" + fake.live_queue + ")", shared),
+        ("teardown (fallback, host lost)", shared),
+        ("setup", setup_queue(shared)),
+    ], after
+    assert not any(e.HasField("timer_started_event_attributes") for e in history.events)  # no backoff
+    # The set-up of attempt 2 followed the loss by the fence's round trip; reported, not
+    # asserted on (a timed assert): bench/failover.py measures it.
+    print(f"loss -> attempt 2 set-up scheduled: {after[2][2] - lost_at:.2f} s")
 
 
 async def test_every_attempt_lost_is_an_infra_error(client, harness):
@@ -455,6 +521,8 @@ PATHS = {
     "two_attempts_lost_host": (_lost_host, "submitted"),  # recorded before resume by replay
     # the same path since workflow.patched("replay-lost-attempt"): attempt 2 replays attempt 1
     "two_attempts_lost_host_replayed": (_lost_host, "submitted"),
+    # since workflow.patched("fenced-failover"): attempt 1 fenced, its teardown in the background
+    "two_attempts_lost_host_fenced": (_lost_host, "submitted"),
     "non_retryable_setup_error": (_non_retryable, "setup_error"),
     "cancelled": (_cancel, "cancelled"),
     "agent_timeout": (_agent_timeout, "timeout"),

@@ -12,13 +12,14 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from trialflow import batch, batch_index
 from trialflow.cli._app import S3Opt, StoreDirOpt, TemporalOpt, console, settings_from_flags
+from trialflow.cluster import connect_temporal
 from trialflow.settings import TrialflowSettings
 from workflows.shared import TrialResult
 
 
 def _trial_batch(settings: TrialflowSettings, trial_id: str) -> str:
     async def go() -> str:
-        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        client = await connect_temporal(settings)
         return (await batch.spec_of(client, trial_id)).batch_id
 
     try:

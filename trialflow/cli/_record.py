@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from trialflow import batch
 from trialflow.cli._app import console
+from trialflow.cluster import connect_temporal
 from trialflow.settings import TrialflowSettings
 from workflows.shared import TrialResult
 
@@ -36,7 +37,7 @@ async def _replay(settings: TrialflowSettings, trial_id: str, attempt: int | Non
     from trialflow.sandbox import DockerBackend
     from trialflow.storage import load_attempt, open_store, trial_result_key
 
-    client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+    client = await connect_temporal(settings)
     spec = await batch.spec_of(client, trial_id)
     store = open_store(settings)
     result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(spec.batch_id, trial_id)))

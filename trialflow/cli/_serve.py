@@ -19,6 +19,7 @@ from trialflow.cli._app import (
     console,
     settings_from_flags,
 )
+from trialflow.cluster import ClusterConfigError, check_fleet_store, connect_temporal, temporal_tls
 
 
 def worker(
@@ -29,8 +30,13 @@ def worker(
     model_dir: ModelDirOpt = None,
     max_concurrent_trials: Annotated[int | None, typer.Option()] = None,
     metrics_port: Annotated[int | None, typer.Option()] = None,
+    allow_local_store: Annotated[
+        bool | None,
+        typer.Option("--allow-local-store", help="run on the local directory store (one machine only)"),
+    ] = None,
 ) -> None:
-    """Run a worker until SIGTERM/SIGINT (then drain)."""
+    """Run a worker until SIGTERM/SIGINT (then drain). Its store must be S3 (every host
+    reads it) unless --allow-local-store."""
     from proxy import eventloop
     from trialflow.cli._worker import serve
 
@@ -42,10 +48,17 @@ def worker(
         model_dir=model_dir,
         max_concurrent_trials=max_concurrent_trials,
         metrics_port=metrics_port,
+        allow_local_store=allow_local_store,
     )
+    try:
+        check_fleet_store(settings)
+        temporal_tls(settings)
+    except ClusterConfigError as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
 
     async def register() -> None:
-        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        client = await connect_temporal(settings)
         await batch.ensure_search_attributes(client, settings.temporal_namespace)
 
     asyncio.run(register())

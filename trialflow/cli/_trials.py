@@ -26,6 +26,7 @@ from trialflow.cli._app import (
     settings_from_flags,
 )
 from trialflow.cli._views import admission_table, results_table, status_table, trial_progress
+from trialflow.cluster import connect_temporal
 from trialflow.errors import ObjectNotFound, StorageError, UnknownScaffold
 from trialflow.inspection import record_skipped
 from trialflow.preflight import InProcessModel, RunCheck, check_batch
@@ -71,7 +72,7 @@ async def in_process_worker(
         return
     from trialflow.cli._worker import WorkerProcess  # Temporal workers, proxy, Docker: only when asked
 
-    async with WorkerProcess(settings, client):
+    async with WorkerProcess(settings, client, in_process=True):
         yield
 
 
@@ -85,7 +86,7 @@ async def run_specs(
     """Submit `specs`, show a live progress bar, return the results. Interrupted (Ctrl-C),
     it says at once what happens to the trials and how to come back to them, shows the
     results so far, then stops the in-process worker (which drains first)."""
-    client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+    client = await connect_temporal(settings)
     await batch.ensure_search_attributes(client, settings.temporal_namespace)
     done: list[TrialResult] = []
     async with in_process_worker(settings, client, enabled=not external_worker):
@@ -283,7 +284,7 @@ def status(batch_id: str, temporal: TemporalOpt = None) -> None:
     settings = settings_from_flags(temporal=temporal)
 
     async def go() -> list[batch.TrialStatus]:
-        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        client = await connect_temporal(settings)
         return await batch.list_trials(client, batch_id)
 
     trials = asyncio.run(go())
@@ -359,7 +360,7 @@ def replay(
         raise typer.Exit(replay_record(settings, target, attempt=attempt, task=task))
 
     async def go() -> list[TrialResult] | None:
-        client = await batch.connect(settings.temporal_address, settings.temporal_namespace)
+        client = await connect_temporal(settings)
         if not await batch.list_trials(client, target):
             return None  # no such batch: not the same as a batch with nothing to rerun
         specs = await batch.replay_failed(client, target)

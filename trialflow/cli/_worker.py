@@ -8,6 +8,12 @@ Three Temporal workers share one client:
 - this process's host queue (`host_queue(hostname, worker_id)`): scaffold, verify and
   teardown of the sandboxes this process created.
 
+Fleet (docs/deploy.md): the worker writes through a `FencedStore` (a fenced attempt's late
+writes are refused), holds a `HostLease` on its sandboxes (renewed every `host_lease_s / 3`;
+lapsed or fenced sandboxes removed, re-registered before the next set-up), and at start
+removes every sandbox its host queue left on the engine (a stable worker id: the same queue
+after a restart, and a fresh process holds none).
+
 Lifecycle: `async with WorkerProcess(settings, client) as worker:` connects (unless given a
 client), starts the proxy, builds the workers and polls in the background; leaving the
 block drains (`_drain`): no new sandboxes are taken, the trials whose sandboxes live here
@@ -28,7 +34,6 @@ import contextlib
 import functools
 import hashlib
 import logging
-import os
 import resource
 import signal
 import socket
@@ -40,7 +45,7 @@ from typing import TYPE_CHECKING, Self
 
 import docker
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
 from activities.sandbox import SandboxActivities
 from activities.scaffold import ScaffoldActivities
@@ -48,8 +53,10 @@ from activities.steps import StepActivities
 from activities.store import StoreActivities
 from activities.verify import VerifyActivities
 from trialflow.admission import Admission, Sensors, admission_key
-from trialflow.batch import connect
+from trialflow.cluster import advertised_host, check_fleet_store, connect_temporal
+from trialflow.cluster import worker_id as cluster_worker_id
 from trialflow.errors import StorageError
+from trialflow.fencing import FencedStore, HostLease
 from trialflow.metrics import TrialMetrics
 from trialflow.policy_sync import join_weight_syncs, unregister_proxy
 from trialflow.sandbox import DockerBackend
@@ -71,6 +78,7 @@ REAP_INTERVAL_S = 600.0
 # 30 s timeout), leaving a busy host 6 s of slack before the server calls it lost; this cap
 # sends them every few seconds instead (activities beat every timeout/3 at most, 5 s).
 HEARTBEAT_THROTTLE = timedelta(seconds=5)
+STICKY_WAIT = timedelta(seconds=3)  # Temporal's default: 10 s
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -153,10 +161,15 @@ class WorkerProcess:
     workflows: Worker  # shared queue: workflows, result storage, teardown fallback
     setups: Worker  # the set-up queue: new sandboxes
     host: Worker  # this process's host queue
+    lease: HostLease  # this host's registration and its lease on its sandboxes
 
-    def __init__(self, settings: TrialflowSettings, client: Client | None = None) -> None:
+    def __init__(
+        self, settings: TrialflowSettings, client: Client | None = None, *, in_process: bool = False
+    ) -> None:
+        """`in_process`: the worker of a `run` command (its id, if not set, is the process's)."""
         self.settings = settings
         self._client = client
+        self._in_process = in_process
         self._stop = asyncio.Event()
         self._running: asyncio.Task[None] | None = None
         self._reporting: asyncio.Future[None] | None = None
@@ -186,13 +199,13 @@ class WorkerProcess:
     async def _build(self) -> None:
         """Connect, start the proxy, create the activity objects and the three workers."""
         settings = self.settings
-        self.client = self._client or await connect(settings.temporal_address, settings.temporal_namespace)
-        worker_id = settings.worker_id or str(os.getpid())
+        self.client = self._client or await connect_temporal(settings)
+        worker_id = cluster_worker_id(settings, in_process=self._in_process)
         self.host_queue = queue = host_queue(socket.gethostname(), worker_id)
         self.metrics = metrics = TrialMetrics()
         for name, target in settings.extra_scaffolds.items():
             register_scaffold(name, target)
-        store = open_store(settings)
+        store = FencedStore(open_store(settings))
         limits = settings.transfer_limits()
         engine = docker.from_env()
         self.backend = DockerBackend(
@@ -207,7 +220,7 @@ class WorkerProcess:
         self._store, self._worker_id = store, worker_id
         if self.proxy is not None:
             await self.proxy.start()
-            await join_weight_syncs(store, self.proxy, worker_id)
+            await join_weight_syncs(store, self.proxy, worker_id, settings.advertise_host)
         # the sandboxes' egress proxies, shared by their activities
         self.egresses = egresses = Egresses(
             EgressLimits(
@@ -221,8 +234,11 @@ class WorkerProcess:
         self._sensors = Sensors(
             admission.starts, engine, self.proxy.replica_loads if self.proxy is not None else None
         )
+        self.lease = HostLease(
+            store, worker_id, queue, settings.host_lease_s, address=advertised_host(settings)
+        )
         self.sandboxes = sandbox = SandboxActivities(
-            self.backend, store.uri, queue, metrics, egresses, admission
+            self.backend, store.uri, queue, metrics, egresses, admission, lease=self.lease
         )
         scaffold = ScaffoldActivities(
             self.proxy, self.backend, store, metrics, self.client, settings.model_name, egresses, admission
@@ -233,13 +249,19 @@ class WorkerProcess:
         grace = timedelta(seconds=settings.drain_grace_s)
         version = build_id()
         n = settings.max_concurrent_trials
+        # Few polls outstanding, and a short sticky wait: a host that stops answering takes
+        # with it the tasks its polls already hold at the server (each costs a task timeout),
+        # and its cached workflows' tasks wait on its sticky queue (docs/deploy.md, "Failover").
         self.workflows = Worker(
             self.client,
             task_queue=settings.task_queue,
             workflows=[TrialWorkflow],
-            activities=[sandbox.teardown, results.store_result],
+            activities=[sandbox.teardown, results.store_result, results.fence_attempt],
             graceful_shutdown_timeout=grace,
             build_id=version,
+            workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(2),
+            activity_task_poller_behavior=PollerBehaviorSimpleMaximum(2),
+            sticky_queue_schedule_to_start_timeout=STICKY_WAIT,
         )
         # A set-up is polled only with room for its sandbox (admission's sandbox gate: set-ups
         # in flight + live sandboxes <= its limit <= n); beyond, trials queue in Temporal.
@@ -251,6 +273,7 @@ class WorkerProcess:
             graceful_shutdown_timeout=grace,
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             build_id=version,
+            activity_task_poller_behavior=PollerBehaviorSimpleMaximum(1),
         )
         # At most n live sandboxes, each with one host activity at a time (scaffold, verify,
         # teardown run in turn): 2n slots never make one wait behind the others.
@@ -264,6 +287,11 @@ class WorkerProcess:
             build_id=version,
         )
         metrics.serve(settings.metrics_port)
+        # What this host queue left on the engine before a restart: nothing of it is live now.
+        left = await self.backend.reap(0)
+        if left.removed:
+            log.warning("removed sandboxes an earlier run of %s left: %s", queue, left.removed)
+        await sandbox.lease_round()  # registered before the first set-up is polled
 
     async def _run(self) -> None:
         workers = (self.workflows, self.setups, self.host)
@@ -272,6 +300,7 @@ class WorkerProcess:
         admitting = asyncio.create_task(
             self.admission.run(self._sensors, self.settings.admission_interval_s, self._report_admission)
         )
+        lease = asyncio.create_task(self._lease_forever())
         log.info("polling %s and %s", self.settings.task_queue, self.host_queue)
         try:
             stopped = asyncio.create_task(self._stop.wait())
@@ -283,6 +312,8 @@ class WorkerProcess:
             reaper.cancel()
             admitting.cancel()
             await self._drain()
+            lease.cancel()
+            await self.lease.unregister()
             await asyncio.gather(*tasks, return_exceptions=True)
             with contextlib.suppress(StorageError):  # a stale report is marked stale by its age
                 await asyncio.to_thread(self._store.delete, admission_key(self._worker_id))
@@ -339,6 +370,15 @@ class WorkerProcess:
         except StorageError as exc:  # status then shows the last report, or none
             log.warning("admission report not written: %s", exc)
 
+    async def _lease_forever(self) -> None:
+        """The host's lease rounds (trialflow.fencing.HostLease), every `host_lease_s / 3`."""
+        while True:
+            await asyncio.sleep(self.settings.host_lease_s / 3)
+            try:
+                await self.sandboxes.lease_round()
+            except Exception:  # a bug here must not end the rounds: the next one tries again
+                log.exception("lease round failed")
+
     async def _reap_forever(self) -> None:
         while True:
             report = await self.backend.reap(self.settings.reap_after_s)
@@ -354,6 +394,7 @@ async def serve(settings: TrialflowSettings, on_ready: Callable[[WorkerProcess],
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    check_fleet_store(settings)
     async with WorkerProcess(settings) as process:
         if on_ready is not None:
             on_ready(process)

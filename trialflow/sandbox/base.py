@@ -237,3 +237,8 @@ class SandboxBackend(abc.ABC):
     async def reap(self, older_than_s: float) -> ReapReport:
         """Remove managed sandboxes created more than `older_than_s` seconds ago.
         `older_than_s=0` removes every managed sandbox of this backend."""
+
+    async def engine_id(self) -> str | None:
+        """Identity of the engine that holds this backend's sandboxes, so that a worker can
+        tell whether a sandbox id it is handed is on its own engine (None: unknown)."""
+        return None

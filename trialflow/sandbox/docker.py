@@ -150,6 +150,7 @@ class DockerBackend(SandboxBackend):
         self._toolchain = toolchain
         self._toolchain_checked = False
         self._entrypoints: dict[str, list[str] | None] = {}
+        self._engine_id: str | None = None
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -411,6 +412,15 @@ class DockerBackend(SandboxBackend):
 
     async def reap(self, older_than_s: float) -> ReapReport:
         return await self._run(lambda: reap_containers(self.client, older_than_s, self.labels))
+
+    async def engine_id(self) -> str | None:
+        """The engine's `docker info` ID (asked once): two workers on one engine share it."""
+        if self._engine_id is None:
+            try:
+                self._engine_id = str((await self._run(self.client.info))["ID"])
+            except (docker.errors.APIError, requests.exceptions.ConnectionError, KeyError):
+                return None
+        return self._engine_id
 
 
 class DockerCreateOptions(TypedDict, total=False):

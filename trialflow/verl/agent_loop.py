@@ -66,7 +66,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 from verl.utils.ray_utils import auto_await
 
-from trialflow import batch as trial_batch
+from trialflow.cluster import connect_temporal
 from trialflow.settings import TrialflowSettings, load_settings
 from trialflow.storage import ResultStore, open_store
 from trialflow.verl.convert import (
@@ -388,7 +388,7 @@ async def _client(settings: TrialflowSettings) -> Client:
     # one client per process and event loop: verl creates a loop object per sample
     key = (settings.temporal_address, settings.temporal_namespace, id(asyncio.get_running_loop()))
     if key not in _clients:
-        _clients[key] = await trial_batch.connect(settings.temporal_address, settings.temporal_namespace)
+        _clients[key] = await connect_temporal(settings)
     return _clients[key]
 
 
