@@ -367,11 +367,11 @@ class S3Store(ResultStore):
             self._ensure_bucket()
 
     def _ensure_bucket(self) -> None:
-        from botocore.exceptions import ClientError
-
+        """Create the bucket only when S3 says it does not exist: a refusal (wrong keys) is
+        reported as that, not as a failed create."""
         try:
-            self._client.head_bucket(Bucket=self.bucket)
-        except ClientError:
+            self._guard(lambda: self._client.head_bucket(Bucket=self.bucket), f"bucket {self.bucket}")
+        except ObjectNotFound:
             self._guard(
                 lambda: self._client.create_bucket(Bucket=self.bucket), f"create bucket {self.bucket}"
             )
@@ -400,8 +400,13 @@ class S3Store(ResultStore):
             return fn()
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
-            if code in ("NoSuchKey", "404", "NotFound"):
+            if code in ("NoSuchKey", "404", "NotFound", "NoSuchBucket"):
                 raise ObjectNotFound(f"no object for {what}") from None
+            if code in _REFUSED:
+                raise StorageError(
+                    f"S3 at {self._client.meta.endpoint_url} refused the keys for {what} ({code}): "
+                    "check TRIALFLOW_S3_ACCESS_KEY / TRIALFLOW_S3_SECRET_KEY"
+                ) from None
             raise StorageError(f"S3 {what} failed: {e}") from e
         except BotoCoreError as e:
             raise StorageError(f"S3 {what} failed: {e}") from e
@@ -494,6 +499,10 @@ class S3Store(ResultStore):
         except ObjectNotFound:
             return False
         return True
+
+
+# S3 error codes of a request the server refused for its credentials (HEAD answers a bare 403)
+_REFUSED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"}
 
 
 class StoreCheckpointSink:

@@ -80,7 +80,7 @@ def inspect(
     batch_id = batch_id or batch_index.batch_of_trial(trial_id)
     settings = _settings_for(batch_id, temporal=temporal, s3=s3, store_dir=store_dir)
     batch_id = batch_id or _trial_batch(settings, trial_id)
-    store = open_store(settings)
+    store = open_store(settings, create=False)  # a reader: no bucket is made
     try:
         result = TrialResult.model_validate_json(store.get_bytes(trial_result_key(batch_id, trial_id)))
     except ObjectNotFound:
@@ -104,7 +104,7 @@ def report(
     from trialflow.storage import open_store
 
     settings = _settings_for(batch_id, s3=s3, store_dir=store_dir)
-    store = open_store(settings)
+    store = open_store(settings, create=False)  # a reader: no bucket is made
     results = batch_results(store, batch_id)
     if not results:
         _fail(f"no results stored for batch {batch_id!r} in {_where(settings)}")

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from pydantic import ValidationError
 from temporalio.client import Client
 
-from trialflow import batch, batch_index
+from trialflow import batch, batch_index, trial_details
 from trialflow.admission import AdmissionReport, read_reports
 from trialflow.cli._app import (
     ModelDirOpt,
@@ -24,6 +26,7 @@ from trialflow.cli._app import (
     console,
     say_store,
     settings_from_flags,
+    worker_logging,
 )
 from trialflow.cli._views import admission_table, results_table, status_table, trial_progress
 from trialflow.cluster import connect_temporal
@@ -34,7 +37,7 @@ from trialflow.sandbox.gpus import host_gpus
 from trialflow.scaffolds.registry import parse_scaffold_options, register_scaffold
 from trialflow.settings import TrialflowSettings
 from trialflow.storage import open_store
-from workflows.shared import RunNetworkMode, TrialResult, TrialSpec
+from workflows.shared import SA_BATCH, RunNetworkMode, Sampling, TrialResult, TrialSpec
 
 # The run's say in each phase's network (trialflow.sandbox.network; None: the settings').
 ForcedNetworkOpt = Annotated[
@@ -72,8 +75,11 @@ async def in_process_worker(
         return
     from trialflow.cli._worker import WorkerProcess  # Temporal workers, proxy, Docker: only when asked
 
-    async with WorkerProcess(settings, client, in_process=True):
-        yield
+    log_file = Path(".trialflow/logs") / f"worker-{settings.task_queue}-{os.getpid()}.log"
+    console.print(f"in-process worker log: {log_file}", highlight=False, soft_wrap=True)
+    with worker_logging(log_file):
+        async with WorkerProcess(settings, client, in_process=True):
+            yield
 
 
 async def run_specs(
@@ -158,6 +164,14 @@ def run(
             "batch's report) instead of refusing the batch",
         ),
     ] = False,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="cap on each turn's generated tokens (with the client's own cap)")
+    ] = None,
+    temperature: Annotated[float | None, typer.Option(help="sampling temperature")] = None,
+    top_p: Annotated[float | None, typer.Option(help="nucleus sampling (0, 1]")] = None,
+    top_k: Annotated[int | None, typer.Option(help="top-k sampling (-1: off)")] = None,
+    seed: Annotated[int | None, typer.Option(help="sampling seed")] = None,
+    stop: Annotated[list[str] | None, typer.Option(help="stop sequence (repeatable)")] = None,
     temporal: TemporalOpt = None,
     s3: S3Opt = None,
     store_dir: StoreDirOpt = None,
@@ -182,6 +196,9 @@ def run(
         samples = attempts
     if backend != "docker":
         raise typer.BadParameter("only the docker backend exists", param_hint="--backend")
+    sampling = sampling_from_flags(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
+    )
     settings = settings_from_flags(
         temporal=temporal,
         s3=s3,
@@ -225,6 +242,8 @@ def run(
             model=settings.model_name,
             scaffold_options=options,
             network=settings.run_network(),
+            sampling=sampling,
+            viewer_url=settings.viewer_url,
         )
     except UnknownScaffold as err:
         raise typer.BadParameter(str(err), param_hint="--scaffold") from None
@@ -233,12 +252,15 @@ def run(
         record_skipped(open_store(settings), batch_id, skipped)
     console.print(f"batch [bold]{batch_id}[/]: {len(specs)} trials")
     say_store(settings)
+    say_ui(settings, batch_id)
     results = asyncio.run(run_specs(settings, specs, external_worker=external_worker, title=scaffold))
     console.print(results_table(results, title=f"batch {batch_id}"))
     if skipped:
         console.print(f"{len(skipped)} task(s) skipped before submit (--skip-invalid):", highlight=False)
         for task, lines in skipped.items():
             console.print(f"  skipped {task}: {' | '.join(lines)}", highlight=False, soft_wrap=True)
+    if any(trial_details.outcome(r) != "ok" for r in results):
+        say_ui(settings, batch_id, failing_only=True)
     raise typer.Exit(1 if any(r.failed for r in results) else 0)
 
 
@@ -279,13 +301,35 @@ def _refuse_or_skip(
     return [p for p in task_dirs if p not in check.tasks], {str(p): v for p, v in check.tasks.items()}
 
 
+def sampling_from_flags(**flags: object) -> Sampling:
+    """The trial's sampling from `run`'s flags (None: the session default); a bad value is
+    one line (typer's usage error), nothing submitted."""
+    try:
+        return Sampling.model_validate({k: v for k, v in flags.items() if v is not None and v != []})
+    except ValidationError as err:
+        first = err.errors()[0]
+        name = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "sampling"
+        raise typer.BadParameter(first["msg"], param_hint=name) from None
+
+
+def say_ui(settings: TrialflowSettings, batch_id: str, failing_only: bool = False) -> None:
+    """Where the batch is in the Temporal UI: all its trials, and the ones that ended invalid
+    or by an error (a query to save as a view there; docs/ui.md)."""
+    ui = settings.temporal_ui_url
+    failing = trial_details.workflows_ui_url(trial_details.failing_query(batch_id), ui)
+    if not failing_only:
+        every = trial_details.workflows_ui_url(f'{SA_BATCH} = "{batch_id}"', ui)
+        console.print(f"Temporal UI: {every}", highlight=False, soft_wrap=True)
+    console.print(f"invalid or errored trials: {failing}", highlight=False, soft_wrap=True)
+
+
 def status(batch_id: str, temporal: TemporalOpt = None) -> None:
     """List a batch's trials from Temporal visibility."""
     settings = settings_from_flags(temporal=temporal)
 
     async def go() -> list[batch.TrialStatus]:
         client = await connect_temporal(settings)
-        return await batch.list_trials(client, batch_id)
+        return await batch.with_progress(client, await batch.list_trials(client, batch_id))
 
     trials = asyncio.run(go())
     if not trials:

@@ -19,7 +19,26 @@ from workflows.shared import TrialResult
 @contextlib.contextmanager
 def trial_progress(console: Console, title: str, total: int) -> Iterator[Callable[[TrialResult], None]]:
     """A progress bar of `total` trials; yields the callback that counts one finished trial
-    (errors so far, mean reward so far)."""
+    (errors so far, mean reward so far). Not on a terminal (a log, a pipe), where a bar
+    would show nothing until the end, each finished trial is one line instead."""
+    if not console.is_terminal:
+        done: list[TrialResult] = []
+
+        def on_line(result: TrialResult) -> None:
+            done.append(result)
+            mean, invalid = mean_valid(done)
+            console.print(
+                f"[{len(done)}/{total}] {result.trial_id}: {reward_text(result)} {result.termination_reason}"
+                f" ({sum(result.timings.values()):.1f} s)"
+                f"{' · ' + why(result) if why(result) else ''}"
+                f" · errors {sum(r.failed for r in done)} invalid {invalid}"
+                f" mean reward {'-' if mean is None else f'{mean:.3f}'}",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+        yield on_line
+        return
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -31,15 +50,15 @@ def trial_progress(console: Console, title: str, total: int) -> Iterator[Callabl
     )
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task(title, total=total, errors=0, invalid=0, mean="-")
-        done: list[TrialResult] = []
+        finished: list[TrialResult] = []
 
         def on_result(result: TrialResult) -> None:
-            done.append(result)
-            mean, invalid = mean_valid(done)  # an invalid reward is not a 0
+            finished.append(result)
+            mean, invalid = mean_valid(finished)  # an invalid reward is not a 0
             progress.update(
                 bar,
                 advance=1,
-                errors=sum(r.failed for r in done),
+                errors=sum(r.failed for r in finished),
                 invalid=invalid,
                 mean="-" if mean is None else f"{mean:.3f}",
             )
@@ -52,7 +71,8 @@ def results_table(results: Sequence[TrialResult], title: str = "trials") -> Tabl
     than truncates on a narrow terminal). "why" is the trial's error, else why its reward
     is invalid (e.g. the verifier wrote no reward file), in one line (`trialflow.display`)."""
     table = Table(title=title)
-    table.add_column("trial", overflow="fold")
+    # ids whole where the width allows (what `inspect` takes): the other columns fold first
+    table.add_column("trial", overflow="fold", min_width=max((len(r.trial_id) for r in results), default=5))
     for column in ("reward", "termination", "turns", "tokens p/r", "s"):
         table.add_column(column)
     table.add_column("why", overflow="fold", ratio=1)
@@ -70,11 +90,16 @@ def results_table(results: Sequence[TrialResult], title: str = "trials") -> Tabl
 
 
 def status_table(trials: Sequence[TrialStatus], title: str) -> Table:
-    """A batch's trials as Temporal visibility lists them (no result fetch)."""
+    """A batch's trials as Temporal visibility lists them; with `batch.with_progress`, a
+    running trial's phase, attempt, turns and tokens, a finished one's and why it failed."""
     table = Table(title=title)
-    table.add_column("workflow", overflow="fold")
-    for column in ("status", "task", "reward", "termination", "rerun of"):
+    table.add_column(
+        "workflow", overflow="fold", min_width=max((len(t.workflow_id) for t in trials), default=8)
+    )
+    for column in ("status", "task", "reward", "termination", "progress"):
         table.add_column(column, overflow="fold")
+    table.add_column("why", overflow="fold", ratio=1)
+    table.add_column("rerun of", overflow="fold")
     for t in trials:
         reward = "" if t.reward is None else f"{t.reward:.3f}"
         if t.reward_valid is False:
@@ -89,6 +114,8 @@ def status_table(trials: Sequence[TrialStatus], title: str) -> Table:
             t.task or "",
             reward,
             t.termination or "",
+            progress_text(t),
+            why(t.result) if t.result is not None else "",
             t.replay_of or "",
         )
     return table
@@ -114,3 +141,23 @@ def admission_table(reports: Sequence[AdmissionReport]) -> Table:
             f"{age:.0f}" + (" (stale)" if r.stale(now) else ""),
         )
     return table
+
+
+def progress_text(t: TrialStatus) -> str:
+    """A running trial's phase, attempt, turns and tokens; a finished one's turns, tokens and
+    attempts; "" when neither is known (no worker answered, or not fetched)."""
+    if t.progress is not None:
+        p = t.progress
+        text = f"{p.phase} · attempt {p.attempt}" if p.attempt else p.phase
+        if p.turns:
+            text += f" · {p.turns} turns · {p.prompt_tokens}/{p.response_tokens} tokens"
+        return text
+    if t.result is not None:
+        r = t.result
+        return (
+            f"{r.turns} turns ({r.replayed_turns} replayed) · {r.prompt_tokens}/{r.response_tokens} tokens"
+            f" · {r.attempts} attempt{'s' if r.attempts != 1 else ''}"
+        )
+    if t.status == "RUNNING":
+        return "no worker answers its progress query"
+    return ""
