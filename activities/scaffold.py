@@ -84,7 +84,7 @@ from trialflow.sandbox.base import Sandbox, SandboxBackend
 from trialflow.sandbox.egress import Egresses
 from trialflow.sandbox.network import network_policy
 from trialflow.scaffolds import Scaffold, ScaffoldContext, ScaffoldResult, check_scaffold
-from trialflow.scaffolds.base import skills_problem
+from trialflow.scaffolds.base import mcp_problem, skills_problem
 from trialflow.storage import ResultStore, StoreCheckpointSink, TrialKeys, load_attempt
 from trialflow.tasks import load_task
 from workflows.shared import (
@@ -166,8 +166,9 @@ class ScaffoldActivities:
                     task = task.step_view(inp.step)
                 scaffold = check_scaffold(inp.scaffold, inp.scaffold_options)
                 skills = skills_problem(scaffold, task.config.environment.skills_dir)
-                if skills is not None:  # `run` refuses it before submitting; others may not
-                    raise UnsupportedFeature(str(task.path), [skills])
+                mcp = mcp_problem(scaffold, task.config.environment.mcp_servers)
+                if skills is not None or mcp is not None:  # `run` refuses before submitting; others may not
+                    raise UnsupportedFeature(str(task.path), [p for p in (skills, mcp) if p is not None])
                 sandbox = await self._backend.attach(inp.sandbox_id)
                 if scaffold.needs_model and self._admission is not None:
                     # queued for the model phase here, heartbeating: never a lost host

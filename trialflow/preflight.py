@@ -27,7 +27,7 @@ from trialflow.batch import TrialIdCollision, task_labels
 from trialflow.errors import TaskInvalid, TrialflowError, UnsupportedFeature
 from trialflow.sandbox.gpus import gpu_problem
 from trialflow.scaffolds import Scaffold, check_scaffold
-from trialflow.scaffolds.base import skills_problem
+from trialflow.scaffolds.base import mcp_problem, skills_problem
 from trialflow.storage import ResultStore
 from trialflow.tasks import Task, gpu_requests, load_task
 
@@ -163,6 +163,9 @@ def _host_problems(task: Task, scaffold: Scaffold | None, host_gpus: int | None)
     skills = skills_problem(scaffold, task.config.environment.skills_dir) if scaffold is not None else None
     if skills is not None:
         out.append(f"{task.path}: {skills}")
+    mcp = mcp_problem(scaffold, task.config.environment.mcp_servers) if scaffold is not None else None
+    if mcp is not None:
+        out.append(f"{task.path}: {mcp}")
     if host_gpus is None:
         return out
     for where, count in gpu_requests(task.config):

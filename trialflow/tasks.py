@@ -137,9 +137,11 @@ def _environment_refusals(env: EnvironmentConfig, where: str) -> list[str]:
         out.append(f"{where}.os = {env.os.value!r}: only Linux containers run here")
     if env.tpu is not None:
         out.append(f"{where}.tpu: sandboxes get no TPUs")
-    if env.mcp_servers:
-        names = ", ".join(s.name for s in env.mcp_servers)
-        out.append(f"[[{where.strip('[]')}.mcp_servers]] ({names}): MCP servers are not passed to scaffolds")
+    with_headers = [s.name for s in env.mcp_servers if s.headers]
+    if with_headers:  # Harbor's header rules (credentials as ${VAR} references) are not repeated here
+        out.append(
+            f"[[{where.strip('[]')}.mcp_servers]] ({', '.join(with_headers)}): MCP headers are not passed to scaffolds"
+        )
     for key, value in (
         ("build_timeout_sec", env.build_timeout_sec),
         ("cpus", env.cpus),
@@ -422,6 +424,18 @@ class Task(BaseModel):
         found = [self.separate_verifier, *(s.separate_verifier for s in self.steps)]
         images = {v.image.tag: v.image for v in found if v is not None}
         return tuple(images.values())
+
+    @property
+    def service_images(self) -> tuple[TaskImage, ...]:
+        """The images of the compose services as loaded (`Task.compose`), for checks before
+        submitting; set-up gets them from the compose file loaded again with its worker's
+        variables. A service running main's own image (`${MAIN_IMAGE_NAME}`) is left out:
+        that is built with the task."""
+        if self.compose is None:
+            return ()
+        build_timeout = self.config.environment.build_timeout_sec
+        images = (service_image(self.image.label, s, build_timeout) for s in self.compose.services)
+        return tuple(i for i in images if i.tag != self.image.tag)
 
     @property
     def image_tag(self) -> str:

@@ -161,3 +161,21 @@ def test_skills_need_a_scaffold_that_reads_them(tmp_path):
         f"{skills}: [environment].skills_dir = '/skills': scaffold terminus does not read skills "
         "(claude-code, codex and opencode do)"
     )
+
+
+def test_mcp_servers_need_a_scaffold_that_passes_them(tmp_path):
+    """As Harbor: oracle and nop ignore a task's [[environment.mcp_servers]], claude-code
+    writes them into its config, any other model-driven scaffold refuses the task."""
+    mcp = _copy(tmp_path, "mcp")
+    toml = (mcp / "task.toml").read_text() + (
+        '\n[[environment.mcp_servers]]\nname = "mcp-server"\ntransport = "streamable-http"\n'
+        'url = "http://mcp-server:8000/mcp"\n'
+    )
+    (mcp / "task.toml").write_text(toml)
+    for scaffold in ("oracle", "nop", "claude-code"):
+        assert check_run([mcp], scaffold, samples=1) == [], scaffold
+    [problem] = check_run([mcp], "codex", samples=1)
+    assert problem == (
+        f"{mcp}: [[environment.mcp_servers]] (mcp-server): scaffold codex does not pass MCP servers "
+        "to its agent (claude-code does)"
+    )

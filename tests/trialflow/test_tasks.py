@@ -337,7 +337,10 @@ def _toml_value(v) -> str:
     [
         ('[environment]\nos = "Windows"\n', "[environment].os"),
         ('[environment]\ntpu = { type = "v6e", topology = "2x2" }\n', "[environment].tpu"),
-        ('[[environment.mcp_servers]]\nname = "db"\nurl = "http://x/sse"\n', "mcp_servers"),
+        (
+            '[[environment.mcp_servers]]\nname = "db"\nurl = "http://x/sse"\nheaders = { X = "${T}" }\n',
+            "mcp_servers]] (db): MCP headers",
+        ),
         ('[[steps]]\nname = "one"\n[steps.agent]\ntimeout_sec = 0\n', "'one' agent.timeout_sec"),
         ('[[steps]]\nname = "one"\n[[steps.verifier.collect]]\ncommand = "true"\n', "collect"),
         ('[verifier.environment]\nworkdir = "rel"\n', "[verifier.environment].workdir"),

@@ -42,7 +42,7 @@ class ImageChecker:
     def problems(self, task: Task) -> list[str]:
         """One line per problem of the task's images, each naming its file and line."""
         out: list[str] = []
-        for image in (task.image, *task.verifier_images):
+        for image in (task.image, *task.verifier_images, *task.service_images):
             out.extend(self._image_problems(task.path, image))
         return list(dict.fromkeys(out))
 

@@ -34,6 +34,7 @@ from trialflow.tasks import Task
 
 if TYPE_CHECKING:
     from proxy.tokenization import MainThreadRule
+    from trialflow.task_config import MCPServerConfig
 
 
 def _no_heartbeat(details: dict[str, Any]) -> None:
@@ -101,6 +102,19 @@ def skills_problem(scaffold: Scaffold, skills_dir: str | None) -> str | None:
     )
 
 
+def mcp_problem(scaffold: Scaffold, servers: Sequence[MCPServerConfig]) -> str | None:
+    """Why `scaffold` cannot run a task with `[[environment.mcp_servers]]` (None: it can), as
+    Harbor decides: a model-free scaffold (oracle, nop) ignores them; any other must pass
+    them to its agent (`Scaffold.passes_mcp_servers`)."""
+    if not servers or not scaffold.needs_model or scaffold.passes_mcp_servers:
+        return None
+    names = ", ".join(s.name for s in servers)
+    return (
+        f"[[environment.mcp_servers]] ({names}): scaffold {scaffold.name} does not pass MCP servers "
+        "to its agent (claude-code does)"
+    )
+
+
 def positive_or_none(value: int | None, name: str) -> int | None:
     """A scaffold option that is a positive integer or None (`ValueError` otherwise: the
     registry reports it as a bad option before anything is submitted)."""
@@ -128,6 +142,8 @@ class Scaffold(abc.ABC):
     # Whether it hands a task's `[environment] skills_dir` to the agent (Harbor's
     # `capabilities.skills`: claude-code, codex and opencode copy it where their CLI reads skills).
     reads_skills: bool = False
+    # Whether it hands a task's [[environment.mcp_servers]] to its agent (`mcp_problem`).
+    passes_mcp_servers: bool = False
 
     def session_max_turns(self) -> int | None:
         """The turn limit the trial's proxy session enforces (`proxy.session.SessionConfig.

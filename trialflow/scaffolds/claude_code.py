@@ -13,7 +13,11 @@ telemetry/nonessential traffic/autoupdate off, `IS_SANDBOX=1` (Claude Code refus
 `~/.claude.json` and `~/.claude/`; no onboarding flags are needed in print mode). A task's
 `[environment] skills_dir` is copied into `~/.claude/skills/` first (`_cli.skills_setup`), where
 Claude Code reads user-level skills, as Harbor's claude-code agent copies it into its config
-directory's `skills/`.
+directory's `skills/`. A task's `[[environment.mcp_servers]]` are written to `~/.claude.json`
+as user-scoped servers (`mcp_setup`: loaded without a trust prompt), as Harbor's agent writes
+them: `stdio` -> {type, command, args}, `streamable-http` -> type `http`, `sse` -> `sse`, with
+the URL (a server with headers is refused at load); a compose task's servers are reached by service name on the sandbox's
+loopback (trialflow.sandbox.pod).
 
 Outcome: the CLI's exit code as is (0 = a `result` event with subtype "success"; 1 for
 `error_max_turns` / `error_during_execution`; `error_max_turns` sets
@@ -25,6 +29,8 @@ an API error instead of hanging until the agent timeout.
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +38,7 @@ from typing import Any
 from trialflow.errors import ScaffoldSetupFailed
 from trialflow.scaffolds._cli import MOUNT_DIR, CliRun, CliScaffold, json_events, skills_setup
 from trialflow.scaffolds.base import ScaffoldContext, StopReason
+from trialflow.task_config import MCPServerConfig
 
 BINARY_CANDIDATES = (
     "@anthropic-ai/claude-code-linux-x64/claude",
@@ -42,6 +49,24 @@ IN_SANDBOX = f"{MOUNT_DIR}/claude"
 HOME = "/tmp/trialflow-claude-home"
 # Claude Code's user-level skills (`~/.claude/skills/<name>/SKILL.md`; CLAUDE_CONFIG_DIR unset).
 SKILLS_DIR = f"{HOME}/.claude/skills"
+
+
+def mcp_setup(servers: Sequence[MCPServerConfig]) -> str:
+    """Shell that writes the task's MCP servers into `~/.claude.json` ("" without any)."""
+    if not servers:
+        return ""
+    entries: dict[str, dict[str, Any]] = {}
+    for s in servers:
+        if s.transport == "stdio":
+            entries[s.name] = {"type": "stdio", "command": s.command, "args": list(s.args)}
+        else:
+            # (headers are refused at load, trialflow.tasks: Harbor's credential rules are not repeated)
+            entries[s.name] = {
+                "type": "http" if s.transport == "streamable-http" else s.transport,
+                "url": s.url,
+            }
+    config = json.dumps({"mcpServers": entries}, indent=2)
+    return f"mkdir -p {HOME} && printf '%s\\n' {shlex.quote(config)} > {HOME}/.claude.json"
 
 
 @dataclass(frozen=True)
@@ -141,6 +166,7 @@ class ClaudeCodeScaffold(CliScaffold):
     supports_max_turns = True
     main_thread = "first_with_tools"  # its first call may be a tool-less title/quota call
     reads_skills = True  # `skills_setup`: ~/.claude/skills, where Claude Code finds them
+    passes_mcp_servers = True  # `mcp_setup`: ~/.claude.json
     binary = "claude"
     candidates = BINARY_CANDIDATES
 
@@ -159,7 +185,14 @@ class ClaudeCodeScaffold(CliScaffold):
                 ctx.anthropic_base_url, ctx.model, max_retries=self.max_retries, api_timeout_s=ctx.timeout_s
             ),
             home=HOME,
-            setup=skills_setup(ctx.task.config.environment.skills_dir, SKILLS_DIR),
+            setup=" && ".join(
+                step
+                for step in (
+                    skills_setup(ctx.task.config.environment.skills_dir, SKILLS_DIR),
+                    mcp_setup(ctx.task.config.environment.mcp_servers),
+                )
+                if step
+            ),
         )
 
     def summarize(self, stdout: str) -> StreamSummary:

@@ -383,3 +383,39 @@ async def test_teardown_and_the_reaper_remove_every_container_of_a_pod(tmp_path,
     report = await backend.reap(older_than_s=0)
     assert len(report.removed) == 4 and not report.failed
     assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_TRIAL_ID}=test-leaked"}) == []
+
+
+@pytest.mark.docker
+def test_service_images_are_checked_before_submitting(tmp_path, docker_client):
+    """What `run` checks before it submits covers the services' images too, offline: the
+    public mcp-tools shape (`COPY --from=ghcr.io/astral-sh/uv:latest` in a service's
+    Dockerfile) and an absent `image:` are listed with their file and line; a service on
+    main's own image (`${MAIN_IMAGE_NAME}`, built with the task) is not a problem."""
+    from trialflow.preflight import check_batch
+    from trialflow.sandbox.image_check import ImageChecker
+    from trialflow.sandbox.image_refs import ImagePolicy
+
+    root = _task(
+        tmp_path / "t",
+        """
+services:
+  mcp-server: {build: ./mcp-server}
+  cache: {image: "redis:7.4-alpine"}
+  twin: {image: "${MAIN_IMAGE_NAME}", command: sleep infinity}
+""",
+    )
+    (root / "environment" / "mcp-server").mkdir()
+    (root / "environment" / "mcp-server" / "Dockerfile").write_text(
+        "FROM python:3.12-slim\nCOPY --from=ghcr.io/astral-sh/uv:latest /uv /uvx /bin/\n"
+    )
+    (root / "solution").mkdir()
+    (root / "solution" / "solve.sh").write_text("true\n")
+    check = check_batch(
+        [root], "oracle", samples=1, images=ImageChecker(docker_client, ImagePolicy(offline=True))
+    )
+    assert sorted(check.tasks[root]) == [
+        f"{root}: docker_image redis:7.4-alpine is not present locally, images are not pulled (images_offline), "
+        "and trialflow has no stand-in for it (docs/harbor.md lists them)",
+        f"{root}: environment/mcp-server/Dockerfile line 2: COPY --from ghcr.io/astral-sh/uv:latest is not present "
+        "locally, images are not pulled (images_offline), and trialflow has no stand-in for it (docs/harbor.md lists them)",
+    ]

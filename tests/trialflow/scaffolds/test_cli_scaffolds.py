@@ -249,6 +249,69 @@ async def test_a_cli_reads_the_tasks_skills(
     await proxy.close_session(handle.session_id)
 
 
+MCP_SERVER = """
+from mcp.server.fastmcp import FastMCP
+
+mcp = FastMCP("mcp-tools", host="0.0.0.0", port=8000)
+
+
+@mcp.tool()
+def get_secret() -> str:
+    \"\"\"Returns the secret value of the trialflow test.\"\"\"
+    return "cookbook-mcp-secret-42"
+
+
+mcp.run(transport="streamable-http")
+"""
+
+
+async def test_claude_code_gets_the_tasks_mcp_server_from_a_compose_service(
+    sandbox_for, scripted_proxy, tiny_model_dir, tmp_path
+):
+    """The public mcp-tools shape, offline: an MCP server (the official `mcp` SDK, from the
+    package index at build) in a compose service, `[[environment.mcp_servers]]` naming it at
+    http://mcp-server:8000/mcp. Claude Code gets it through ~/.claude.json (as Harbor's agent
+    writes it), reaches the service by name on the sandbox's loopback and offers its tool to
+    the model in its first request."""
+    from transformers import AutoTokenizer
+
+    scaffold = get_scaffold("claude-code", max_turns=2)
+    require_cli(scaffold)
+    task_dir = tmp_path / "mcp-tools"
+    shutil.copytree(EXAMPLES / "create-file", task_dir)
+    toml = (task_dir / "task.toml").read_text()
+    (task_dir / "task.toml").write_text(
+        toml
+        + '\n[[environment.mcp_servers]]\nname = "mcp-server"\ntransport = "streamable-http"\n'
+        + 'url = "http://mcp-server:8000/mcp"\n'
+    )
+    env = task_dir / "environment"
+    (env / "mcp-server").mkdir()
+    (env / "mcp-server" / "server.py").write_text(MCP_SERVER)
+    (env / "mcp-server" / "Dockerfile").write_text(
+        'FROM python:3.12-slim\nRUN pip install -q "mcp>=1.10,<2"\nCOPY server.py /srv/server.py\n'
+        'CMD ["python", "/srv/server.py"]\n'
+    )
+    (env / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    depends_on:\n      mcp-server: {condition: service_healthy}\n"
+        "  mcp-server:\n    build: ./mcp-server\n    expose: ['8000']\n    healthcheck:\n"
+        '      test: ["CMD", "python", "-c", "import socket; socket.create_connection((\'localhost\', 8000), 2)"]\n'
+        "      interval: 1s\n      retries: 30\n"
+    )
+    proxy, vllm = await scripted_proxy([Reply("Done.")])
+    _, handle, ctx, _ = await _context(sandbox_for, proxy, scaffold, task=load_task(task_dir))
+
+    result = await scaffold.run(ctx)
+
+    assert result.exit_code == 0, result.log
+    config = await ctx.sandbox.exec(["cat", "/tmp/trialflow-claude-home/.claude.json"])
+    assert '"url": "http://mcp-server:8000/mcp"' in config.stdout, config
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    prompt = tok.decode(vllm.main_requests[0]["prompt"])
+    assert "mcp__mcp-server__get_secret" in prompt and "secret value of the trialflow test" in prompt
+    await proxy.close_session(handle.session_id)
+
+
 @pytest.mark.parametrize("name", ["codex", "opencode"])
 async def test_the_scaffold_activity_takes_max_turns_per_trial_and_heartbeats(
     name, backend, scripted_proxy, tmp_path
