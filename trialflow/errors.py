@@ -190,6 +190,13 @@ class BaseImageUnavailable(SandboxError):
     retryable = True
 
 
+class UnknownSandboxBackend(_PlainMessage, SandboxError, KeyError):
+    """No sandbox backend under that name, or its "module:Class" cannot be loaded or is not a
+    `SandboxBackend` (trialflow.sandbox.registry); the message lists the names available."""
+
+    retryable = False
+
+
 class SandboxStartFailed(SandboxError):
     """The container could not be created or started (engine hiccup, resource limits)."""
 

@@ -77,6 +77,11 @@ class TrialflowSettings(BaseSettings):
     proxy_host: str = "127.0.0.1"
     proxy_port: int = 0  # 0: any free port (the worker's in-process proxy)
 
+    # Sandbox backends (trialflow.sandbox.registry, docs/design.md "Sandbox backends"): the one
+    # this worker runs ("docker", or a name of extra_sandbox_backends), chosen by the workers,
+    # not by the clients that submit; plugins as name -> "module:Class" of a SandboxBackend.
+    sandbox_backend: str = "docker"
+    extra_sandbox_backends: dict[str, str] = Field(default_factory=dict)
     # Scaffolds beyond the built-in registry: name -> "module:Class" (plugins, test doubles).
     extra_scaffolds: dict[str, str] = Field(default_factory=dict)
     # `trialflow run`'s scaffold when --scaffold is not given: a registered name or an import

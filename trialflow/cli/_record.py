@@ -28,13 +28,11 @@ def replay_record(
 
 
 async def _replay(settings: TrialflowSettings, trial_id: str, attempt: int | None, task: Path | None) -> int:
-    import docker
-
     from proxy.parsers import use_vocabulary
     from proxy.server import ProxyServer
     from proxy.session import SessionConfig
     from trialflow.record_replay import replay_from_record
-    from trialflow.sandbox import DockerBackend
+    from trialflow.sandbox.registry import open_backend
     from trialflow.storage import load_attempt, open_store, trial_result_key
 
     client = await connect_temporal(settings)
@@ -65,12 +63,7 @@ async def _replay(settings: TrialflowSettings, trial_id: str, attempt: int | Non
         defaults=SessionConfig(model=spec.model or settings.model_name),
         profile=settings.model_profile,
     )
-    backend = DockerBackend(
-        docker.from_env(),
-        labels={"trialflow.replay": "from-record"},
-        policy=settings.sandbox_policy(),
-        images=settings.image_policy(),
-    )
+    backend = open_backend(settings, labels={"trialflow.replay": "from-record"})  # the workers' kind
     await proxy.start()
     try:
         report = await replay_from_record(

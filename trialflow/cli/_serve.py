@@ -39,6 +39,8 @@ def worker(
     reads it) unless --allow-local-store."""
     from proxy import eventloop
     from trialflow.cli._worker import serve
+    from trialflow.errors import UnknownSandboxBackend
+    from trialflow.sandbox.registry import check_backend
 
     settings = settings_from_flags(
         temporal=temporal,
@@ -50,6 +52,10 @@ def worker(
         metrics_port=metrics_port,
         allow_local_store=allow_local_store,
     )
+    try:  # a typo in TRIALFLOW_SANDBOX_BACKEND: one line, before Temporal is touched
+        check_backend(settings)
+    except UnknownSandboxBackend as err:
+        raise typer.BadParameter(str(err), param_hint="TRIALFLOW_SANDBOX_BACKEND") from None
     try:
         check_fleet_store(settings)
         temporal_tls(settings)

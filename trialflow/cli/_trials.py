@@ -30,7 +30,7 @@ from trialflow.cli._app import (
 )
 from trialflow.cli._views import admission_table, results_table, status_table, trial_progress
 from trialflow.cluster import connect_temporal
-from trialflow.errors import ObjectNotFound, StorageError, UnknownScaffold
+from trialflow.errors import ObjectNotFound, StorageError, UnknownSandboxBackend, UnknownScaffold
 from trialflow.inspection import record_skipped
 from trialflow.preflight import InProcessModel, RunCheck, check_batch
 from trialflow.sandbox.gpus import host_gpus
@@ -151,7 +151,13 @@ def run(
     attempts: Annotated[
         int | None, typer.Option(hidden=True, help="deprecated: the old name of --samples")
     ] = None,
-    backend: Annotated[str, typer.Option(help="sandbox backend")] = "docker",
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="the in-process worker's sandbox backend (default: settings' sandbox_backend, "
+            "docker); external workers run the one their own settings name"
+        ),
+    ] = None,
     batch_id: Annotated[str | None, typer.Option(help="reuse to attach to an earlier batch")] = None,
     max_restarts: Annotated[int, typer.Option(help="new-sandbox attempts per trial")] = 3,
     agent_timeout: Annotated[float | None, typer.Option(help="seconds; default: the task's")] = None,
@@ -194,8 +200,6 @@ def run(
     if attempts is not None:  # --attempts meant samples, not a trial's attempts
         console.print("[yellow]warning:[/] --attempts is deprecated: use --samples", highlight=False)
         samples = attempts
-    if backend != "docker":
-        raise typer.BadParameter("only the docker backend exists", param_hint="--backend")
     sampling = sampling_from_flags(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop
     )
@@ -212,6 +216,7 @@ def run(
         agent_allowed_hosts=allow_agent_host or None,
         verifier_allowed_hosts=allow_verifier_host or None,
     )
+    settings = _with_backend(settings, backend, external_worker)
     batch_id = batch_id or uuid.uuid4().hex[:10]
     scaffold = scaffold or settings.scaffold
     try:
@@ -262,6 +267,30 @@ def run(
     if any(trial_details.outcome(r) != "ok" for r in results):
         say_ui(settings, batch_id, failing_only=True)
     raise typer.Exit(1 if any(r.failed for r in results) else 0)
+
+
+def _with_backend(
+    settings: TrialflowSettings, backend: str | None, external_worker: bool
+) -> TrialflowSettings:
+    """The settings with the in-process worker's backend (--backend), checked before submit.
+    The backend is the workers' choice: with --external-worker it is theirs, not this run's."""
+    from trialflow.sandbox.registry import check_backend
+
+    if backend is not None and external_worker:
+        raise typer.BadParameter(
+            "the workers run the backend their settings name (TRIALFLOW_SANDBOX_BACKEND); "
+            "--backend is for the in-process worker",
+            param_hint="--backend",
+        )
+    if external_worker:
+        return settings
+    if backend is not None:
+        settings = settings.model_copy(update={"sandbox_backend": backend})
+    try:
+        check_backend(settings)
+    except UnknownSandboxBackend as err:
+        raise typer.BadParameter(str(err), param_hint="--backend") from None
+    return settings
 
 
 def _image_checker(settings: TrialflowSettings, external_worker: bool, check_engine: bool) -> ImageChecker:

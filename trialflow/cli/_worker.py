@@ -43,7 +43,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-import docker
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 
@@ -59,8 +58,9 @@ from trialflow.errors import StorageError
 from trialflow.fencing import FencedStore, HostLease
 from trialflow.metrics import TrialMetrics
 from trialflow.policy_sync import join_weight_syncs, unregister_proxy
-from trialflow.sandbox import DockerBackend
+from trialflow.sandbox import SandboxBackend
 from trialflow.sandbox.egress import Egresses, EgressLimits
+from trialflow.sandbox.registry import open_backend
 from trialflow.scaffolds import register_scaffold
 from trialflow.settings import TrialflowSettings
 from trialflow.storage import open_store
@@ -153,7 +153,7 @@ class WorkerProcess:
 
     client: Client
     proxy: ProxyServer | None
-    backend: DockerBackend
+    backend: SandboxBackend
     metrics: TrialMetrics
     admission: Admission
     host_queue: str
@@ -207,15 +207,9 @@ class WorkerProcess:
             register_scaffold(name, target)
         store = FencedStore(open_store(settings))
         limits = settings.transfer_limits()
-        engine = docker.from_env()
-        self.backend = DockerBackend(
-            engine,
-            labels={"trialflow.worker": queue},
-            policy=settings.sandbox_policy(),
-            limits=limits,
-            images=settings.image_policy(),
-            compose_start_timeout_s=settings.compose_start_timeout_s,
-        )
+        # the backend the settings name (trialflow.sandbox.registry), its sandboxes labelled
+        # with this host queue so that its reaper removes only this process's leaks
+        self.backend = open_backend(settings, labels={"trialflow.worker": queue})
         self.proxy = open_proxy(settings)
         self._store, self._worker_id = store, worker_id
         if self.proxy is not None:
@@ -232,7 +226,7 @@ class WorkerProcess:
             settings.max_concurrent_trials, metrics, settings.admission_policy()
         )
         self._sensors = Sensors(
-            admission.starts, engine, self.proxy.replica_loads if self.proxy is not None else None
+            admission.starts, self.backend, self.proxy.replica_loads if self.proxy is not None else None
         )
         self.lease = HostLease(
             store, worker_id, queue, settings.host_lease_s, address=advertised_host(settings)

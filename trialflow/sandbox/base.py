@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trialflow.sandbox.transfer import Allowance
+    from trialflow.settings import TrialflowSettings
     from trialflow.tasks import Task
 
 
@@ -200,7 +201,26 @@ class ReapReport:
 
 
 class SandboxBackend(abc.ABC):
-    """Creates sandboxes for tasks. One instance per worker process, shared by activities."""
+    """Creates sandboxes for tasks. One instance per worker process, shared by activities.
+
+    The worker builds the one its settings name (`trialflow.sandbox.registry`)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_settings(cls, settings: TrialflowSettings, *, labels: Mapping[str, str]) -> SandboxBackend:
+        """The backend a worker process runs, configured from its settings (policy, transfer
+        limits, images), with `labels` on every sandbox it creates; `reap` removes only
+        sandboxes with those labels (workers sharing an engine or cluster)."""
+
+    def ping(self) -> None:
+        """One blocking round trip to the backend's engine (admission's engine-latency
+        signal, run in a thread); raises when the engine is unreachable. The default has no
+        engine to reach and returns at once."""
+        return None
+
+    def close(self) -> None:
+        """Release the backend's clients and threads (the worker's exit). Default: nothing."""
+        return None
 
     @abc.abstractmethod
     async def create(

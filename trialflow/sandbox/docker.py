@@ -78,6 +78,7 @@ from trialflow.sandbox.transfer import TransferLimits
 from trialflow.tasks import load_task_compose, resolve_env, service_image
 
 if TYPE_CHECKING:
+    from trialflow.settings import TrialflowSettings
     from trialflow.tasks import Task
 
 __all__ = ["DockerBackend", "DockerSandbox", "resolve_env"]
@@ -151,6 +152,22 @@ class DockerBackend(SandboxBackend):
         self._toolchain_checked = False
         self._entrypoints: dict[str, list[str] | None] = {}
         self._engine_id: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: TrialflowSettings, *, labels: Mapping[str, str]) -> DockerBackend:
+        """The worker's backend: the engine of the environment (DOCKER_HOST or the local
+        socket) with the settings' hardening, transfer limits, image policy and compose bound."""
+        return cls(
+            docker.from_env(),
+            labels=labels,
+            policy=settings.sandbox_policy(),
+            limits=settings.transfer_limits(),
+            images=settings.image_policy(),
+            compose_start_timeout_s=settings.compose_start_timeout_s,
+        )
+
+    def ping(self) -> None:
+        self.client.ping()
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
