@@ -168,7 +168,7 @@ class TrialflowSettings(BaseSettings):
     admission_waiting_per_replica: tuple[float, float] = (4.0, 16.0)
     admission_start_slowdown: tuple[float, float] = (3.0, 6.0)  # sandbox start / its best median
     admission_start_failures: tuple[float, float] = (0.05, 0.25)
-    admission_cpu_pressure: tuple[float, float] = (80.0, 95.0)  # PSI cpu some avg10, %
+    admission_cpu_pressure: tuple[float, float] = (95.0, 99.0)  # PSI cpu some avg10, %: stops growth only
     admission_memory_pressure: tuple[float, float] = (10.0, 40.0)  # PSI memory some avg10, %
     admission_engine_latency_s: tuple[float, float] = (1.0, 5.0)  # Docker ping
     metrics_port: int = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests._hypothesis import examples
@@ -84,10 +84,18 @@ def test_hard_mark_cuts_to_a_share_of_use_then_cools_down():
 
 def test_soft_mark_trims_below_use_without_cancelling_anyone():
     state = State.initial(replace(POLICY, start=20))
-    cpu = Signals(SandboxSignals(cpu_pressure=85.0))
-    state = step(replace(POLICY, start=20), state, cpu, Usage(sandboxes=20, sandbox_waiting=True))
+    memory = Signals(SandboxSignals(memory_pressure=15.0))
+    state = step(replace(POLICY, start=20), state, memory, Usage(sandboxes=20, sandbox_waiting=True))
     assert state.sandbox_limit == 18  # 20 - ceil(20 x 0.1)
-    assert str(state.binding) == "sandbox:cpu_pressure"
+    assert str(state.binding) == "sandbox:memory_pressure"
+
+
+def test_cpu_pressure_only_stops_growth():
+    policy = replace(POLICY, start=20)
+    state = State.initial(policy)
+    for cpu in (96.0, 99.5):  # past the soft mark, then the hard one
+        state = step(policy, state, Signals(SandboxSignals(cpu_pressure=cpu)), full(state))
+        assert state.sandbox_limit == 20 and str(state.binding) == "sandbox:cpu_pressure"
 
 
 def test_growth_tapers_as_kv_usage_nears_its_target():
@@ -180,7 +188,7 @@ usages = st.builds(
 policies = st.builds(Policy, ceiling=st.integers(1, 512), floor=st.just(1), start=st.integers(1, 64))
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policies, st.lists(st.tuples(sandbox_signals, replica_signals, usages), min_size=1, max_size=40))
 def test_limits_always_within_bounds(policy, run):
     state = State.initial(policy)
@@ -189,7 +197,7 @@ def test_limits_always_within_bounds(policy, run):
         assert policy.floor <= state.model_limit <= state.sandbox_limit <= policy.ceiling
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policies, st.lists(st.tuples(sandbox_signals, usages), min_size=1, max_size=40))
 def test_never_grows_while_a_sandbox_signal_is_past_its_soft_mark(policy, run):
     from trialflow.admission._control import Pressure, sandbox_readings

@@ -11,7 +11,8 @@ against a `Mark` (soft, hard):
 
 - over a hard mark: hard trim, to ``hard_trim`` x what is in use, then `cooldown_ticks` ticks
   without growth (the signals lag the admissions that caused them);
-- over a soft mark: soft trim, to at most what is in use and ``soft_trim_step`` below the limit;
+- over a soft mark: soft trim, to at most what is in use and ``soft_trim_step`` below the limit
+  (host CPU pressure past its mark only stops growth: `Reading.trims`);
 - below every soft mark, with demand (the limit is full and work waits for it): grow. Slow
   start doubles the limit until a first signal comes within half of its soft mark; after
   that each step is ``grow_fraction`` x the limit, tapered by the smallest headroom left
@@ -21,9 +22,10 @@ against a `Mark` (soft, hard):
   a limit that a burst of trials would overshoot before any signal could answer.
 
 The two sides meet: trials in their model phase hold sandboxes, so the model limit is at
-most the sandbox side's, and when the replica side binds (KV-bound work) the sandbox
-limit is the model limit plus ``pipeline`` of it (at least 2): enough sandboxes being set up
-and verified to start a model phase the moment one ends, no more idle sandboxes than that.
+most the sandbox side's, and while the replica side is near or past a mark (KV-bound work)
+the sandbox limit is the model limit plus ``pipeline`` of it (at least 2): enough sandboxes
+being set up and verified to start a model phase the moment one ends, no more idle
+sandboxes than that. With replicas below every mark, their limit holds no sandbox back.
 Without replicas (model-free scaffolds), or while no trial has a model phase, the replica
 side does not bind. Never does a decision take a held unit back: admission backs off by
 admitting no one, not by cancelling.
@@ -122,7 +124,7 @@ class Policy:
     waiting_per_replica: Mark = Mark(4.0, 16.0)
     start_slowdown: Mark = Mark(3.0, 6.0)  # start latency / its baseline
     start_failures: Mark = Mark(0.05, 0.25)
-    cpu_pressure: Mark = Mark(80.0, 95.0)
+    cpu_pressure: Mark = Mark(95.0, 99.0)  # hold-only (Reading.trims)
     memory_pressure: Mark = Mark(10.0, 40.0)
     engine_latency_s: Mark = Mark(1.0, 5.0)
     grow_fraction: float = 0.25
@@ -187,22 +189,27 @@ class State:
 
 @dataclass(frozen=True)
 class Reading:
+    """One signal judged against its mark. ``trims`` False: past its mark it only stops
+    growth (host CPU pressure: a busy CPU is not by itself a slower trial; measured in
+    docs/benchmarks.md, where trimming on it cost a third of the throughput)."""
+
     name: str
     pressure: Pressure
     headroom: float
+    trims: bool = True
 
 
 def sandbox_readings(policy: Policy, s: SandboxSignals) -> list[Reading]:
     out: list[Reading] = []
 
-    def add(name: str, mark: Mark, value: float | None) -> None:
+    def add(name: str, mark: Mark, value: float | None, trims: bool = True) -> None:
         if value is not None and math.isfinite(value):
-            out.append(Reading(name, mark.pressure(value), mark.headroom(value)))
+            out.append(Reading(name, mark.pressure(value), mark.headroom(value), trims))
 
     if s.start_latency_s is not None and s.start_baseline_s:
         add("start_latency", policy.start_slowdown, s.start_latency_s / max(s.start_baseline_s, 0.05))
     add("start_failures", policy.start_failures, s.start_failure_rate)
-    add("cpu_pressure", policy.cpu_pressure, s.cpu_pressure)
+    add("cpu_pressure", policy.cpu_pressure, s.cpu_pressure, trims=False)
     add("memory_pressure", policy.memory_pressure, s.memory_pressure)
     add("engine_latency", policy.engine_latency_s, s.engine_latency_s)
     return out
@@ -232,7 +239,8 @@ def step_side(
     policy: Policy, side: SideState, readings: list[Reading], in_use: int, demand: bool
 ) -> SideState:
     """One side's next limit (module docstring: hard trim, soft trim, grow, hold)."""
-    worst = max(readings, key=lambda r: (r.pressure, -r.headroom), default=None)
+    worst = max((r for r in readings if r.trims), key=lambda r: (r.pressure, -r.headroom), default=None)
+    blocking = next((r for r in readings if not r.trims and r.pressure >= Pressure.NEAR), None)
     cooldown = max(0, side.cooldown - 1)
     if worst is not None and worst.pressure is Pressure.OVER:
         limit = policy.clamp(math.floor(min(side.limit, in_use) * policy.hard_trim))
@@ -248,6 +256,8 @@ def step_side(
         return SideState(policy.clamp(min(side.limit, ahead)), cooldown, slow, "idle")
     if cooldown > 0:
         return SideState(side.limit, cooldown, slow, "cooldown")
+    if blocking is not None:  # past a hold-only mark: no growth, no trim
+        return SideState(side.limit, 0, False, blocking.name)
     if slow:
         return SideState(policy.clamp(side.limit * 2), 0, True, "slow_start")
     grow = max(1, round(side.limit * policy.grow_fraction * taper))
@@ -270,16 +280,17 @@ def step(policy: Policy, state: State, signals: Signals, usage: Usage) -> State:
         policy, state.sandbox_side, sandbox_readings(policy, signals.sandbox), usage.sandboxes, sandbox_demand
     )
     replica_side = state.replica_side
+    pressed = False  # the replicas near or past a mark (or cooling down after a cut)
     if replica_binds:
         assert signals.replica is not None
+        readings = replica_readings(policy, signals.replica)
         model_demand = usage.model_waiting > 0 and state.model_limit == replica_side.limit
-        replica_side = step_side(
-            policy, replica_side, replica_readings(policy, signals.replica), usage.model, model_demand
-        )
+        replica_side = step_side(policy, replica_side, readings, usage.model, model_demand)
+        pressed = replica_side.cooldown > 0 or any(r.pressure >= Pressure.NEAR for r in readings)
     model_limit = min(replica_side.limit, sandbox_side.limit) if replica_binds else sandbox_side.limit
     sandbox_limit = sandbox_side.limit
     binding = Binding("demand" if sandbox_side.signal == "idle" else "sandbox", sandbox_side.signal)
-    if replica_binds:
+    if pressed:  # only a saturating replica side holds sandboxes back (short model phases do not)
         coupled = policy.clamp(replica_side.limit + pipeline_room(policy, replica_side.limit))
         if coupled < sandbox_limit:
             side: Side = "demand" if replica_side.signal == "idle" else "replica"
