@@ -249,3 +249,13 @@ def test_closed_loop_with_shared_replicas_keeps_them_below_the_hard_mark_in_fair
     assert max(settled) < POLICY.kv_usage.hard
     assert sum(settled) / len(settled) > 0.55
     assert max(limits) - min(limits) <= max(3, max(limits) // 3)  # each about a quarter
+
+
+def test_clear_replicas_hold_no_sandbox_back():
+    """Sandbox-bound work with short model phases: the replica side's small limit (it saw
+    little model demand) must not cap the sandboxes while the replicas are below every mark."""
+    state = State.initial(POLICY)
+    signals = Signals(CLEAR.sandbox, replicas(0.1))
+    for _ in range(4):
+        state = step(POLICY, state, signals, full(state, model=1))
+    assert state.sandbox_limit == 64 and state.model_limit <= state.sandbox_limit
