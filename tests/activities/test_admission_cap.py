@@ -2,8 +2,8 @@
 
 A worker with ``max_concurrent_trials=2`` gets 8 trials whose agent sleeps 3 s: before the
 cap, set-ups ran 2 at a time but every finished set-up left its sandbox alive, so all 8 were
-alive at once and their scaffolds waited on the 4 host slots, long enough (here over the
-5 s host schedule-to-start timeout) to be taken for a lost host and rebuilt. Now the engine,
+alive at once (this test against that worker: 8) and their scaffolds waited on the 4 host
+slots, where a wait over the host schedule-to-start timeout (5 s here) is a lost host. Now the engine,
 sampled throughout, never holds more than 2 of this worker's sandboxes, and every trial
 finishes in its first attempt: the trials beyond the cap waited as set-up tasks in
 Temporal's queue.
