@@ -350,8 +350,10 @@ MANAGED_LABEL = "trialflow.managed=true"
 
 
 def managed_containers(client: Any, label: str = MANAGED_LABEL) -> list[Any]:
-    """All containers (running or not) carrying `label`, via a docker SDK client."""
-    return client.containers.list(all=True, filters={"label": label})
+    """All containers (running or not) carrying `label`, via a docker SDK client. A container
+    removed between the engine's listing and the SDK's inspect of it (a teardown running
+    meanwhile) is left out instead of raising NotFound."""
+    return client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
 
 
 def docker_answers() -> bool:

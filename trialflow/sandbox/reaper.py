@@ -60,7 +60,9 @@ def reap_containers(
     now = time.time() if now is None else now
     filters = [f"{LABEL_MANAGED}=true", *(f"{k}={v}" for k, v in (labels or {}).items())]
     report = ReapReport()
-    for container in client.containers.list(all=True, filters={"label": filters}):
+    # ignore_removed: a sandbox torn down between the listing and the SDK's inspect of each
+    # container is gone already, not an error that stops the sweep.
+    for container in client.containers.list(all=True, filters={"label": filters}, ignore_removed=True):
         try:
             age = now - _created_at(container.attrs)
             if age < older_than_s:
