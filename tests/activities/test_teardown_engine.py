@@ -28,6 +28,10 @@ class _Engine(SandboxBackend):
     def __init__(self, engine: str, *sandboxes: str) -> None:
         self.engine, self.sandboxes = engine, set(sandboxes)
 
+    @classmethod
+    def from_settings(cls, settings, *, labels) -> _Engine:
+        raise NotImplementedError("built by the test, not from settings")
+
     async def create(self, task, *, trial_id, labels=None, mounts=(), verifier_for=None):
         raise NotImplementedError
 
