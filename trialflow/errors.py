@@ -37,6 +37,8 @@
     │   ├── SandboxRestartFailed        the verification restart failed on files the agent left: the
     │                                   agent's outcome (reward 0), never retried
     │   ├── ToolchainUnavailable        the host lacks the harness's static busybox   (never retried)
+    │   ├── UnknownSandboxBackend       also a KeyError; no backend of that name, or its "module:Class"
+    │                                   does not load; lists the names               (never retried)
     │   ├── SandboxPathNotFound         download() of a path that does not exist      (never retried)
     │   └── OutputBudgetExceeded        files copied out of a sandbox over their budget (bytes by the
     │                                   tar headers' apparent sizes, or entries): an outcome of the
